@@ -56,7 +56,7 @@ class Config:
 
 def _number(kind: type, low: float | None = None, low_open: bool = False,
             high: float | None = None, high_open: bool = False):
-    """An argparse `type` that parses `kind` and checks a range, so the error says what's allowed."""
+    """An argparse `type` that parses `kind` and checks a range; errors say what is allowed."""
     lo = "" if low is None else ("> " if low_open else ">= ") + str(low)
     hi = "" if high is None else ("< " if high_open else "<= ") + str(high)
     allowed = " and ".join(s for s in (lo, hi) if s) or "any value"

@@ -345,8 +345,10 @@ def train(cfg: Config, env: DistEnv) -> int:
             window_t0 = time.perf_counter()  # evaluation is not training time
 
     if stopped:
+        # On every rank, so each node's journal says why its workers exited.
+        log.warning("rank %d: stopped at step %d on SIGTERM (%s), checkpoint saved; exiting 0",
+                    env.rank, step, "received here" if stop.requested else "on another rank")
         if out is not None:
-            out.say(f"SIGTERM: stopped at step {step}, checkpoint saved; exiting")
             out.close()
         return 0
 
