@@ -1,0 +1,69 @@
+# torchrig's user interface. `make help` lists the targets.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV     := .venv
+NODES    ?= 2
+CACHE    := $(HOME)/.cache/torchrig
+# Everything below runs the tools from the controller venv.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export ANSIBLE_FORCE_COLOR ?= 0
+export PY_COLORS ?= 0
+
+# What the controller venv holds: the Ansible toolchain (requirements.txt) and,
+# for the training package's tests, torch/torchvision at the versions this
+# machine kind runs (see training/README.md) plus the package itself.
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+
+.PHONY: help setup venv host image up down demo test lint pytest molecule clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+setup: venv host ## Controller venv (pinned tools) and podman; a quick no-op when done
+
+venv: $(VENV)/.torchrig-setup
+$(VENV)/.torchrig-setup: requirements.txt $(wildcard training/pyproject.toml)
+	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check $(TORCH_PINS)
+	if [ -f training/pyproject.toml ]; then $(VENV)/bin/pip install --quiet --disable-pip-version-check -e 'training[dev]'; fi
+	touch $@
+
+# The host part (apt packages, containers.conf) is re-run when its playbook
+# changes; the stamp lives outside the checkout because it describes the machine.
+host: $(CACHE)/controller.stamp
+$(CACHE)/controller.stamp: playbooks/controller.yml | venv
+	ansible-playbook playbooks/controller.yml
+	mkdir -p $(CACHE) && touch $@
+
+image: setup ## Build the node image (cached tarball outside the checkout)
+	ansible-playbook playbooks/node-image.yml
+
+up: setup ## Start the local cluster: make up NODES=4
+	ansible-playbook playbooks/local-cluster.yml -e nodes=$(NODES)
+
+down: ## Remove the local cluster's containers, network and inventory
+	ansible-playbook playbooks/local-cluster.yml -e state=absent
+
+demo: ## Set up, start 2 nodes, provision them, train across both, print the result
+	$(MAKE) up NODES=2
+	ansible-playbook provision.yml
+	ansible-playbook train.yml -e nodes=2
+
+test: setup lint pytest molecule ## All tests: lint, Python tests, every molecule scenario
+
+lint: setup ## yamllint, ansible-lint (production profile), ruff
+	yamllint --strict .
+	ansible-lint
+	ruff check training bench tests
+
+pytest: setup ## Python tests: the training package and the playbooks' logic
+	pytest -q training/tests tests
+
+molecule: image ## Every molecule scenario
+	molecule test --all
+
+clean: down ## Remove the local cluster and the controller venv
+	rm -rf $(VENV)

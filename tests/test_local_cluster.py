@@ -1,0 +1,135 @@
+"""The local container cluster: bad input changes nothing; up, scale, down.
+
+These drive playbooks/local-cluster.yml for real (podman, systemd, sshd). They
+use their own cluster name and inventory directory so that they never touch
+the cluster `make up` started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import podman_names, run
+
+NAME = "torchrig-pytest"
+
+
+def cluster(tmp: Path, *extra: str, env: dict[str, str] | None = None):
+    return run(["ansible-playbook", "-i", str(tmp), "playbooks/local-cluster.yml",
+                "-e", f"local_cluster_name={NAME}", "-e", f"local_cluster_inventory_dir={tmp}",
+                *extra], env=env)
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """Per-host counters from the PLAY RECAP lines."""
+    hosts = {}
+    for line in output.splitlines():
+        m = re.match(r"^(\S+)\s+:\s+(.*)$", line)
+        if m and "ok=" in m.group(2):
+            hosts[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
+    return hosts
+
+
+def nothing_made(tmp: Path) -> None:
+    assert podman_names("container", f"{NAME}-") == []
+    assert podman_names("network", NAME) == []
+    assert not (tmp / "hosts.yml").exists()
+
+
+@pytest.fixture
+def inv(tmp_path: Path):
+    yield tmp_path
+    cluster(tmp_path, "-e", "state=absent")
+
+
+@pytest.mark.parametrize("nodes", ["0", "abc", "-1", "2.5"])
+def test_bad_node_count_is_refused_before_anything_changes(inv: Path, nodes: str) -> None:
+    proc = cluster(inv, "-e", f"nodes={nodes}")
+    assert proc.returncode != 0
+    expected = f"nodes must be a whole number of at least 1 (e.g. -e nodes=2); got '{nodes}'"
+    assert expected in proc.stdout
+    assert "Nothing was changed" in proc.stdout
+    nothing_made(inv)
+
+
+def test_too_many_nodes_is_refused(inv: Path) -> None:
+    proc = cluster(inv, "-e", "nodes=17")
+    assert proc.returncode != 0
+    assert "local_cluster_nodes must be a whole number from 1 to 16; got 17" in proc.stdout
+    nothing_made(inv)
+
+
+def _path_without(tmp: Path, *missing: str) -> str:
+    """A PATH with every command of /usr/bin and /bin except the missing ones."""
+    fake = tmp / "fakebin"
+    fake.mkdir()
+    for d in ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"):
+        if not os.path.isdir(d):
+            continue
+        for name in os.listdir(d):
+            if name in missing or (fake / name).exists():
+                continue
+            (fake / name).symlink_to(os.path.join(d, name))
+    return str(fake)
+
+
+@pytest.mark.parametrize(("missing", "advice"), [
+    (("podman",), "Run `make setup`, which installs it with apt."),
+    (("podman", "apt-get"), "This system has no apt, so `make setup` cannot install it"),
+])
+def test_missing_podman_is_explained(tmp_path: Path, missing: tuple[str, ...], advice: str) -> None:
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    path = f"{Path(sys.executable).parent}:{_path_without(tmp_path, *missing)}"
+    proc = cluster(inv, "-e", "nodes=2", env={"PATH": path})
+    assert proc.returncode != 0
+    assert "podman was not found on this machine." in proc.stdout
+    assert advice in proc.stdout
+    nothing_made(inv)
+
+
+def ping(inv: Path) -> dict[str, str]:
+    proc = run(["ansible", "-i", str(inv), "all", "-m", "ansible.builtin.ping", "-o"])
+    return {line.split()[0]: line for line in proc.stdout.splitlines() if "|" in line}
+
+
+def test_up_scale_down(inv: Path) -> None:
+    # Two nodes, reached over real SSH with strict host key checking.
+    proc = cluster(inv, "-e", "nodes=2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(podman_names("container", f"{NAME}-")) == [f"{NAME}-node1", f"{NAME}-node2"]
+    replies = ping(inv)
+    assert sorted(replies) == ["node1", "node2"]
+    assert all('"ping": "pong"' in r for r in replies.values()), replies
+    assert "StrictHostKeyChecking=yes" in (inv / "hosts.yml").read_text()
+    assert len((inv / "known_hosts").read_text().splitlines()) == 2
+
+    # A second run changes nothing.
+    proc = cluster(inv, "-e", "nodes=2")
+    assert proc.returncode == 0, proc.stdout
+    assert recap(proc.stdout)["localhost"]["changed"] == 0, proc.stdout
+
+    # Scale to three, then back to one: nodes beyond the count go away.
+    assert cluster(inv, "-e", "nodes=3").returncode == 0
+    assert sorted(ping(inv)) == ["node1", "node2", "node3"]
+    assert cluster(inv, "-e", "nodes=1").returncode == 0
+    assert podman_names("container", f"{NAME}-") == [f"{NAME}-node1"]
+    assert sorted(ping(inv)) == ["node1"]
+
+    # A node is a real host: systemd as PID 1, sshd running, its own address.
+    out = run(["podman", "exec", f"{NAME}-node1", "systemctl", "is-active", "ssh"]).stdout
+    assert out.strip() == "active"
+    info = json.loads(run(["podman", "inspect", f"{NAME}-node1"], check=True).stdout)[0]
+    assert info["NetworkSettings"]["Networks"][NAME]["IPAddress"]
+
+    # Down removes containers, network and the generated inventory.
+    proc = cluster(inv, "-e", "state=absent")
+    assert proc.returncode == 0, proc.stdout
+    nothing_made(inv)
+    assert not (inv / "known_hosts").exists()
+    assert not (inv / "ssh").exists()
