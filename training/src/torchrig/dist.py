@@ -25,8 +25,8 @@ class DistEnv:
     backend: str | None  # None: single process, no process group
     threads: int
     hostname: str
-    # CPU (gloo) group for small control messages, so a per-step stop-flag check does not
-    # synchronise the GPU stream; the default group where that is already gloo.
+    # A CPU (gloo) group of its own for small control messages: a per-step stop vote then
+    # neither synchronises the GPU stream nor queues behind DDP's gradient all-reduces.
     control_group: Any = None
 
     @property
@@ -65,9 +65,9 @@ def setup(threads: int = 0) -> DistEnv:
     if world_size > 1:
         if backend == "nccl":
             dist.init_process_group("nccl", device_id=device)
-            env.control_group = dist.new_group(backend="gloo")
         else:
             dist.init_process_group("gloo")
+        env.control_group = dist.new_group(backend="gloo")
         env.backend = backend
     return env
 
@@ -90,6 +90,11 @@ def any_rank(flag: bool, env: DistEnv) -> bool:
     t = torch.tensor([1 if flag else 0], dtype=torch.int32)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=env.control_group)
     return bool(t.item())
+
+
+def all_reduce_async_max(t: torch.Tensor, env: DistEnv):
+    """Start a MAX all_reduce of a CPU tensor on the control group; returns its Work."""
+    return dist.all_reduce(t, op=dist.ReduceOp.MAX, group=env.control_group, async_op=True)
 
 
 def all_ranks(flag: bool, env: DistEnv) -> bool:
