@@ -32,7 +32,6 @@ from launch import (
     train_args,
     wait_for,
 )
-
 from torchrig import checkpoint
 
 ACC_TOL = 0.005  # absolute, 0..1 (5 of the 1,000 held-out images)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from launch import child_env
 
+from launch import child_env
 from torchrig import allreduce_bench, checkpoint, data
 from torchrig.config import parse_config
 from torchrig.dist import DistEnv
