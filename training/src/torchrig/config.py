@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--keep-checkpoints", type=_number(int, 1), default=3,
                    help="keep the newest K checkpoints on each node")
     o.add_argument("--no-resume", dest="resume", action="store_false",
-                   help="start from scratch even if checkpoints exist")
+                   help="start from scratch even if checkpoints exist (YAML: `resume: false`; "
+                   "resume is %(default)s by default)")
     o.add_argument("--log-every", type=_number(int, 1), default=20,
                    help="log training metrics every N optimizer steps")
     return p
