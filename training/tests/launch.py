@@ -85,7 +85,7 @@ def start_standalone(run_dir: Path, nproc: int = 2, extra: tuple[str, ...] = ())
     return start(cmd, run_dir.parent / f"{run_dir.name}.log")
 
 
-def start_two_nodes(run_dirs: list[Path], run_id: str) -> list[Launch]:
+def start_two_nodes(run_dirs: list[Path], run_id: str, *extra: str) -> list[Launch]:
     """Two launchers, one process each, meeting at a c10d rendezvous on loopback."""
     port = free_port()
     launches = []
@@ -93,7 +93,7 @@ def start_two_nodes(run_dirs: list[Path], run_id: str) -> list[Launch]:
         d.mkdir(parents=True, exist_ok=True)
         cmd = torchrun("--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
                        f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
-                       "-m", "torchrig.train", *TRAIN_ARGS, "--run-dir", str(d))
+                       "-m", "torchrig.train", *TRAIN_ARGS, *extra, "--run-dir", str(d))
         launches.append(start(cmd, d.parent / f"{d.name}.log"))
     return launches
 

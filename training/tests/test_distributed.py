@@ -149,3 +149,19 @@ def test_allreduce_bench_two_ranks(tmp_path: Path):
         assert abs(r["algbw_GBps"] * 1e9 * r["time_us"] * 1e-6 / r["bytes"] - 1) < 1e-9
         assert r["busbw_GBps"] == r["algbw_GBps"]  # 2 (n - 1) / n = 1 for n = 2
     assert "busbw(GB/s)" in launch.output()
+
+
+def test_node_with_empty_disk_gets_the_checkpoint_sent(reference_run: Path, tmp_path: Path):
+    """No step is on every node (node b lost its disk): node a's copy is sent to b, and
+    the run continues from it instead of starting over."""
+    a, b = tmp_path / "node-a", tmp_path / "node-b"
+    launches = start_two_nodes([a, b], "first", "--max-steps", "100")
+    assert [la.wait() for la in launches] == [0, 0], [la.output()[-3000:] for la in launches]
+    assert checkpoint.list_steps(a / "checkpoints") == [50, 100]
+    for f in (b / "checkpoints").iterdir():
+        f.unlink()
+    launches = start_two_nodes([a, b], "second")
+    assert [la.wait() for la in launches] == [0, 0], [la.output()[-3000:] for la in launches]
+    assert any("sent from rank" in la.output() for la in launches)
+    summary = assert_same_result([a, b], reference_run)
+    assert summary["resumed_from_step"] == 100

@@ -6,7 +6,7 @@ is valid). Under c10d, ranks follow join order and can change across restarts, s
 start every rank lists its node's checkpoints, the lists are gathered, and all ranks take
 the newest step that every node has and that loads on every node. An unreadable file
 (e.g. truncated by a crash) is skipped with a warning and the next older common step is
-tried.
+tried. Only when no common step loads everywhere is a copy sent from a node that has one.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed
 
 from . import dist
 from .dist import DistEnv
@@ -90,29 +91,51 @@ def load(path: Path) -> dict[str, Any]:
     return state
 
 
+def _try_load(ckpt_dir: Path, step: int, env: DistEnv) -> dict[str, Any] | None:
+    path = path_for(ckpt_dir, step)
+    try:
+        state = load(path)
+        if state["step"] != step:
+            raise ValueError(f"it holds step {state['step']}")
+        return state
+    except Exception as e:
+        log.warning("rank %d: checkpoint %s is unreadable (%s: %s); falling back",
+                    env.rank, path, type(e).__name__, e)
+        return None
+
+
 def agree_on_resume(ckpt_dir: Path, env: DistEnv) -> tuple[int | None, dict[str, Any] | None]:
-    """The newest step every node has and can load, with its state; (None, None) if none."""
+    """The step to resume from and its state, the same on every rank; (None, None) if none.
+
+    First choice: the newest step that every node has and can load (no data moves).
+    Failing that, e.g. a node joined with an empty disk, the newest step some node can
+    load is sent from there to all ranks, rather than losing the progress.
+    """
     per_rank = dist.all_gather_object(list_steps(ckpt_dir), env)
     common = set(per_rank[0]).intersection(*per_rank[1:])
     for step in sorted(common, reverse=True):
-        path = path_for(ckpt_dir, step)
-        try:
-            state = load(path)
-            if state["step"] != step:
-                raise ValueError(f"it holds step {state['step']}")
-            ok = True
-        except Exception as e:
-            log.warning("rank %d: checkpoint %s is unreadable (%s: %s); falling back to an "
-                        "older one", env.rank, path, type(e).__name__, e)
-            state, ok = None, False
-        if dist.all_ranks(ok, env):
+        state = _try_load(ckpt_dir, step, env)
+        if dist.all_ranks(state is not None, env):
             return step, state
-        if ok:
+        if state is not None:
             log.warning("rank %d: checkpoint step %d is unreadable on another node; falling "
-                        "back to an older one", env.rank, step)
+                        "back", env.rank, step)
+    for step in sorted(set().union(*per_rank), reverse=True):
+        state = _try_load(ckpt_dir, step, env) if step in per_rank[env.rank] else None
+        readable = dist.all_gather_object(state is not None, env)
+        if any(readable):
+            src = readable.index(True)
+            if env.world_size > 1:
+                box = [state if env.rank == src else None]
+                torch.distributed.broadcast_object_list(box, src=src, group=env.control_group)
+                state = box[0]
+            if env.is_main:
+                log.warning("no checkpoint is readable on every node (steps per rank: %s); "
+                            "resuming from step %d, sent from rank %d", per_rank, step, src)
+            return step, state
     if any(per_rank) and env.is_main:
-        log.warning("no checkpoint is readable on every node (steps per rank: %s); starting "
-                    "from scratch", per_rank)
+        log.warning("no checkpoint is readable (steps per rank: %s); starting from scratch",
+                    per_rank)
     return None, None
 
 

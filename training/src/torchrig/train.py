@@ -191,9 +191,7 @@ def train(cfg: Config, env: DistEnv) -> int:
     t_start = time.perf_counter()
     run_dir = Path(cfg.run_dir)
     ckpt_dir = run_dir / "checkpoints"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    pid_file = run_dir / f"worker-rank{env.rank}.pid"  # lets an operator (or a test) find us
-    pid_file.write_text(f"{os.getpid()}\n")
+    stop = StopRequest(env)  # first thing: a SIGTERM during set-up must not kill us either
     seed_everything(cfg.seed)
 
     # With --download, each node's local rank 0 fetches first; the others wait, so no two
@@ -241,6 +239,9 @@ def train(cfg: Config, env: DistEnv) -> int:
     step, epoch, step_in_epoch, resumed_from = 0, 0, 0, None
     if env.local_rank == 0:
         checkpoint.remove_stale_temps(ckpt_dir)
+        # Rank 0 may land on another node this time: a summary.json left here by an
+        # earlier attempt would then read as this run's result.
+        (run_dir / "summary.json").unlink(missing_ok=True)
     if cfg.resume:
         found, state = checkpoint.agree_on_resume(ckpt_dir, env)
         if state is not None:
@@ -290,7 +291,6 @@ def train(cfg: Config, env: DistEnv) -> int:
             checkpoint.save_atomic(state, checkpoint.path_for(ckpt_dir, step))
             checkpoint.prune(ckpt_dir, cfg.keep_checkpoints)
 
-    stop = StopRequest(env)
     window = torch.zeros(3, device=env.device)  # loss sum, correct, samples (this rank)
     window_steps, window_t0 = 0, time.perf_counter()
     train_time, train_samples = 0.0, 0
@@ -417,7 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torchrig: rank {env.rank} local_rank {env.local_rank} world_size {env.world_size} "
           f"host {env.hostname} pid {os.getpid()} device {env.device} threads {env.threads} "
           f"backend {env.backend or 'none'}", flush=True)
-    pid_file = Path(cfg.run_dir) / f"worker-rank{env.rank}.pid"
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    pid_file = Path(cfg.run_dir) / f"worker-rank{env.rank}.pid"  # lets an operator find us
+    pid_file.write_text(f"{os.getpid()}\n")
     try:
         return train(cfg, env)
     except UsageError as e:
