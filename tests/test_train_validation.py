@@ -1,0 +1,78 @@
+"""train.yml checks its request on the controller before touching any host.
+
+The inventory's hosts point at a closed port on loopback: a request that got
+past the checks would fail to connect, never start anything. Each case checks
+the message names the bad value and what is allowed, and that the play that
+starts the job never ran.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run
+
+INVENTORY = """
+all:
+  children:
+    cluster:
+      hosts:
+        node1: {ansible_host: 127.0.0.1, ansible_port: 1}
+        node2: {ansible_host: 127.0.0.1, ansible_port: 1}
+"""
+
+
+@pytest.fixture(scope="module")
+def inventory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("inv") / "hosts.yml"
+    path.write_text(INVENTORY)
+    return path
+
+
+def train(inventory: Path, *extra: str) -> str:
+    proc = run(["ansible-playbook", "-i", str(inventory), "train.yml", *extra], timeout=120)
+    assert proc.returncode != 0, proc.stdout
+    assert "PLAY [Run the job]" not in proc.stdout, "the job play ran after a bad request"
+    assert "No job was started." in proc.stdout
+    return " ".join(proc.stdout.split())
+
+
+def test_more_nodes_than_hosts_names_both_numbers(inventory: Path) -> None:
+    out = train(inventory, "-e", "nodes=3")
+    assert "nodes=3 but group cluster has 2 provisioned hosts (node1, node2)" in out
+
+
+@pytest.mark.parametrize("nodes", ["0", "abc", "-1", "1.5", "node1,node9"])
+def test_bad_node_request(inventory: Path, nodes: str) -> None:
+    out = train(inventory, "-e", f"nodes={nodes}")
+    assert "nodes must be a number from 1 to 2 (the hosts of group cluster: node1, node2)" in out
+    assert f"got '{nodes}'" in out
+
+
+@pytest.mark.parametrize("job", ["x;touch /tmp/torchrig-pwned", "$(id)", "a b", "../etc", "-rf", ""])
+def test_job_name_with_shell_characters_is_refused(inventory: Path, job: str) -> None:
+    # JSON, so that the value reaches Ansible exactly as typed.
+    out = train(inventory, "-e", "nodes=2", "-e", json.dumps({"job": job}))
+    assert "job must be 1 to 64 letters, digits, '.', '_' or '-'" in out
+    assert not Path("/tmp/torchrig-pwned").exists()
+
+
+@pytest.mark.parametrize(("option", "shown"), [
+    ("dataset=imagenet", 'got "imagenet"'),
+    ("model=vgg16", 'got "vgg16"'),
+    ("epochs=0", '(got "0",'),
+    ("batch_size=big", '"big")'),
+    ("lr=fast", 'lr a positive number (got "fast")'),
+    ("max_restarts=-1", '(got "-1",'),
+])
+def test_bad_training_option(inventory: Path, option: str, shown: str) -> None:
+    out = train(inventory, "-e", "nodes=2", "-e", option)
+    assert "Bad training option." in out
+    assert shown in out
+
+
+def test_missing_script(inventory: Path, tmp_path: Path) -> None:
+    out = train(inventory, "-e", "nodes=2", "-e", f"script={tmp_path}/nope.py")
+    assert f"script={tmp_path}/nope.py does not exist on the controller" in out
