@@ -1,0 +1,295 @@
+"""The compatibility matrix: load and check it, judge hosts against its rows,
+pick the row for the cluster. Plain functions (unit-tested in tests/), exposed
+to the preflight role as filters."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+REQUIRED_KEYS = ("torch", "torchvision", "variant", "compute_capabilities", "os")
+GPU_KEYS = (
+    "cuda",
+    "cuda_toolkit_package",
+    "cuda_toolkit_version",
+    "cudnn_package",
+    "cudnn_version",
+    "min_driver",
+    "driver_branch",
+    "driver_version",
+)
+OPTIONAL_KEYS = ("index_url",)
+STRING_KEYS = ("torch", "torchvision", "variant") + GPU_KEYS
+VERSION_RE = re.compile(r"^\d+(\.\d+)+$")
+CC_RE = re.compile(r"^\d+\.\d+$")
+GIB = 1024**3
+
+
+def version_tuple(text):
+    return tuple(int(p) for p in re.findall(r"\d+", str(text)))
+
+
+def label(row):
+    return "torch {} {}".format(row.get("torch"), row.get("variant"))
+
+
+# ---------------------------------------------------------------- the matrix
+
+
+def _row_errors(i, row):
+    where = f"row {i + 1}"
+    if not isinstance(row, dict):
+        return [f"{where} is not a mapping of keys to values (got {row!r})"]
+    where = f"row {i + 1} ({label(row)})"
+    errors = []
+    gpu = row.get("variant") != "cpu"
+    required = REQUIRED_KEYS + (GPU_KEYS if gpu else ())
+    for key in required:
+        if key not in row:
+            errors.append(f"{where} lacks the key {key}")
+    known = REQUIRED_KEYS + GPU_KEYS + OPTIONAL_KEYS
+    for key in row:
+        if key not in known:
+            errors.append("{} has an unknown key {} (known: {})".format(where, key, ", ".join(known)))
+    for key in STRING_KEYS:
+        if key in row and not isinstance(row[key], str):
+            errors.append(
+                f"{where}: {key} must be a quoted string, got {row[key]!r} (YAML reads 2.10 as the number 2.1)"
+            )
+    for key in ("torch", "torchvision", "min_driver", "cuda"):
+        if isinstance(row.get(key), str) and not VERSION_RE.match(row[key]):
+            errors.append(f"{where}: {key} {row[key]!r} is not a version like 2.14.1")
+    ccs = row.get("compute_capabilities")
+    if "compute_capabilities" in row:
+        if not isinstance(ccs, list) or not all(isinstance(c, str) and CC_RE.match(c) for c in ccs):
+            errors.append(f'{where}: compute_capabilities must be a list of quoted "M.m" strings, got {ccs!r}')
+        elif gpu and not ccs:
+            errors.append("{}: a {} build lists no compute capabilities".format(where, row.get("variant")))
+    oses = row.get("os")
+    if "os" in row and (not isinstance(oses, list) or not oses or not all(isinstance(o, str) for o in oses)):
+        errors.append(f"{where}: os must be a non-empty list like [debian12, ubuntu2404], got {oses!r}")
+    branch, min_driver = row.get("driver_branch"), row.get("min_driver")
+    if isinstance(branch, str) and isinstance(min_driver, str) and min_driver.split(".")[0] != branch:
+        errors.append(f"{where}: min_driver {min_driver} is not on driver_branch {branch}")
+    return errors
+
+
+def load_matrix(text, source="compat_matrix.yml"):
+    """Parse and check the matrix file; returns {'rows': [...], 'errors': [...]}."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        return {"rows": [], "errors": [f"{source} is not valid YAML{where}: {problem}"]}
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or not data["rows"]:
+        return {"rows": [], "errors": [f"{source} must be a mapping with a non-empty list under the key rows"]}
+    errors = []
+    seen = set()
+    for i, row in enumerate(data["rows"]):
+        errors += [f"{source}: {e}" for e in _row_errors(i, row)]
+        if isinstance(row, dict):
+            key = (row.get("torch"), row.get("variant"))
+            if key in seen:
+                errors.append(f"{source}: row {i + 1} repeats {label(row)}")
+            seen.add(key)
+    return {"rows": data["rows"] if not errors else [], "errors": errors}
+
+
+# ---------------------------------------------------------------- the hosts
+
+
+def os_id(distribution, version):
+    """('Debian', '12.8') -> 'debian12'; ('Ubuntu', '22.04') -> 'ubuntu2204'."""
+    distribution = str(distribution).lower()
+    parts = str(version).split(".")
+    if distribution == "ubuntu":
+        return "ubuntu" + "".join(parts[:2])
+    return distribution + parts[0]
+
+
+def cc_supported(cc, built):
+    """A GPU of capability M.m runs code built for M.k, k <= m (same major only)."""
+    major, minor = version_tuple(cc)[:2]
+    return any(version_tuple(b)[0] == major and version_tuple(b)[1] <= minor for b in built)
+
+
+def profile(host):
+    """gpu or cpu. Inventory groups decide; a host in neither group goes by what it has."""
+    if host.get("gpu_group"):
+        return "gpu"
+    if host.get("cpu_group"):
+        return "cpu"
+    return "gpu" if host.get("gpu_count", 0) > 0 else "cpu"
+
+
+def _gpu_label(gpu):
+    return "GPU {} ({}, PCI {})".format(gpu.get("index"), gpu.get("name"), gpu.get("pci_bus_id"))
+
+
+def host_only_problems(host):
+    name = host["name"]
+    problems = []
+    if host.get("gpu_group") and host.get("gpu_count", 0) == 0:
+        notes = "; ".join(host.get("gpu_notes") or []) or "lspci lists no NVIDIA display or 3D controller"
+        problems.append(
+            f"{name} is in the group gpu_nodes but no NVIDIA GPU was found ({notes}). Needs: a GPU the host can see "
+            "(check the PCI passthrough or instance type), or move the host to cpu_nodes."
+        )
+    if profile(host) == "gpu":
+        for gpu in host.get("gpus") or []:
+            if not gpu.get("compute_capability"):
+                problems.append(
+                    f"{name}: {_gpu_label(gpu)} has an unknown compute capability (nvidia-smi did not run and "
+                    "lspci's chip name is not in preflight's table). Needs: a working NVIDIA driver, so nvidia-smi "
+                    "can report it."
+                )
+    free, need = host.get("free_bytes"), host.get("min_free_gib")
+    if free is not None and need is not None and free < need * GIB:
+        problems.append(
+            f"{name}: only {free / GIB:.1f} GiB free on the file system of {host.get('disk_path')}. Needs: at least "
+            f"{need} GiB (preflight_min_free_gib) for the venv, the wheels and the CUDA packages."
+        )
+    return problems
+
+
+def _driver_change_needed(host, row):
+    installed = host.get("driver_version")
+    return not installed or installed.split(".")[0] != row["driver_branch"]
+
+
+def row_problems(row, host):
+    """Why this host cannot take this row (empty: it can)."""
+    name = host["name"]
+    problems = []
+    if host.get("os") not in row["os"]:
+        problems.append(
+            "{} runs {} ({}); {} supports {}. Needs: one of those releases.".format(
+                name, host.get("os_name"), host.get("os"), label(row), ", ".join(row["os"])
+            )
+        )
+    if profile(host) != "gpu" or row["variant"] == "cpu":
+        return problems
+    built = row["compute_capabilities"]
+    for gpu in host.get("gpus") or []:
+        cc = gpu.get("compute_capability")
+        if cc and not cc_supported(cc, built):
+            problems.append(
+                "{}: {} has compute capability {}, too old for {}, which is built for {}. Needs: a variant built "
+                "for {} (the matrix's cu126 rows reach back to 5.0) or a newer GPU.".format(
+                    name, _gpu_label(gpu), cc, label(row), ", ".join(built), cc
+                )
+            )
+    installed = host.get("driver_version")
+    if not host.get("manage_driver", True):
+        if not installed:
+            problems.append(
+                "{}: no NVIDIA driver is installed and driver changes are disabled (nvidia_driver_manage: false). "
+                "Needs: driver {} or newer for {}, installed by you, or nvidia_driver_manage: true.".format(
+                    name, row["min_driver"], label(row)
+                )
+            )
+        elif version_tuple(installed) < version_tuple(row["min_driver"]):
+            problems.append(
+                "{}: NVIDIA driver {} is installed and driver changes are disabled (nvidia_driver_manage: false); "
+                "{} (CUDA {}) needs driver {} or newer. Needs: a newer driver, nvidia_driver_manage: true, or an "
+                "older variant.".format(name, installed, label(row), row["cuda"], row["min_driver"])
+            )
+    else:
+        branch_max = host.get("driver_branch_max")
+        if branch_max and int(row["driver_branch"]) > int(branch_max):
+            problems.append(
+                "{}: {} needs driver branch {}; preflight_driver_branch_max allows {} at most.".format(
+                    name, label(row), row["driver_branch"], branch_max
+                )
+            )
+        if (
+            host.get("secure_boot")
+            and _driver_change_needed(host, row)
+            and not (host.get("signing_key") and host.get("signing_key_enrolled"))
+        ):
+            key = host.get("signing_key")
+            found = (f"the key {key} is not enrolled") if key else "no DKMS signing key was found"
+            problems.append(
+                f"{name}: Secure Boot is on and {found}, so the DKMS-built nvidia {row['driver_branch']} modules "
+                "would not load. Needs: a DKMS signing key enrolled with `mokutil --import` (then a reboot to "
+                "confirm it), or Secure Boot off."
+            )
+    return problems
+
+
+def host_problems(row, host):
+    return host_only_problems(host) + row_problems(row, host)
+
+
+# ---------------------------------------------------------------- the choice
+
+
+def _order(rows, cpu_first):
+    def key(row):
+        gpu_rank = 0 if row["variant"] == "cpu" else 1
+        if cpu_first:
+            gpu_rank = -gpu_rank
+        return (version_tuple(row["torch"]), gpu_rank, version_tuple(row.get("cuda") or "0"))
+
+    return sorted(rows, key=key, reverse=True)
+
+
+def select_stack(rows, hosts, torch=None, variant=None):
+    """Pick one row for all hosts: the user's (torch and/or variant), else the
+    newest torch, then the newest CUDA every host can take. Without any GPU host
+    the cpu build comes first; with one, cpu builds are only taken when asked for.
+
+    Returns {'row': row or None, 'problems': {host: [messages]}, 'profiles': {host: gpu|cpu}}.
+    """
+    profiles = {h["name"]: profile(h) for h in hosts}
+    any_gpu = "gpu" in profiles.values()
+    torch = str(torch) if torch else None
+    cands = [r for r in rows if (not torch or r["torch"] == torch) and (not variant or r["variant"] == variant)]
+    if not cands:
+        known = {}
+        for r in rows:
+            known.setdefault(r["torch"], []).append(r["variant"])
+        asked = "torchrig_torch={} torchrig_variant={}".format(torch or "(any)", variant or "(any)")
+        listing = "; ".join("{}: {}".format(t, ", ".join(v)) for t, v in known.items())
+        msg = "%s: no row of the compatibility matrix matches %s. Needs: one of %s."
+        return {
+            "row": None,
+            "problems": {h["name"]: [msg % (h["name"], asked, listing)] for h in hosts},
+            "profiles": profiles,
+        }
+    if not variant and any_gpu:
+        cands = [r for r in cands if r["variant"] != "cpu"] or cands
+    cands = _order(cands, cpu_first=not any_gpu)
+
+    for row in cands:
+        if not any(host_problems(row, h) for h in hosts):
+            return {"row": row, "problems": {}, "profiles": profiles}
+
+    problems = {}
+    preferred = cands[0]
+    for h in hosts:
+        accepts = [label(r) for r in cands if not host_problems(r, h)]
+        p = host_problems(preferred, h)
+        if p:
+            if accepts and len(cands) > 1:
+                p = p + ["{} would accept {}.".format(h["name"], ", ".join(accepts))]
+            problems[h["name"]] = p
+        else:
+            problems[h["name"]] = [
+                "{}: no row of the matrix fits every host; this host accepts {}. See the other hosts' messages.".format(
+                    h["name"], ", ".join(accepts)
+                )
+            ]
+    return {"row": None, "problems": problems, "profiles": profiles}
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "torchrig_load_matrix": load_matrix,
+            "torchrig_os_id": os_id,
+            "torchrig_select_stack": select_stack,
+        }

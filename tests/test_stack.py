@@ -1,0 +1,284 @@
+"""The compatibility matrix: its checks, host judgements and the choice of row."""
+
+import pytest
+from rolepy import MATRIX_TEXT, fixture_text, gpu_mod, stack_mod
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    return gpu_mod
+
+
+@pytest.fixture(scope="module")
+def stack():
+    return stack_mod
+
+
+@pytest.fixture(scope="module")
+def matrix_text():
+    return MATRIX_TEXT
+
+
+GIB = 1024**3
+
+
+@pytest.fixture(scope="module")
+def rows(stack, matrix_text):
+    loaded = stack.load_matrix(matrix_text)
+    assert loaded["errors"] == []
+    return loaded["rows"]
+
+
+def host(gpu_mod, name="node1", smi=None, group="gpu", **kw):
+    gpus = gpu_mod.parse_nvidia_smi(fixture_text(smi)) if smi else []
+    h = {
+        "name": name,
+        "os": "debian12",
+        "os_name": "Debian 12.8",
+        "gpu_group": group == "gpu",
+        "cpu_group": group == "cpu",
+        "gpus": gpus,
+        "gpu_count": len(gpus),
+        "driver_version": gpus[0]["driver_version"] if gpus else None,
+        "manage_driver": True,
+        "secure_boot": False,
+        "signing_key": None,
+        "signing_key_enrolled": False,
+        "free_bytes": 50 * GIB,
+        "min_free_gib": 10,
+        "disk_path": "/opt",
+    }
+    h.update(kw)
+    return h
+
+
+def pick(stack, rows, hosts, **kw):
+    return stack.select_stack(rows, hosts, kw.get("torch"), kw.get("variant"))
+
+
+# ------------------------------------------------------------------ matrix
+
+
+def test_matrix_rows_are_complete(rows):
+    assert len(rows) >= 10
+    assert {r["variant"] for r in rows} >= {"cu130", "cu128", "cu126", "cpu"}
+
+
+def test_cuda13_drops_old_gpus(rows):
+    for r in rows:
+        if r["variant"] == "cu130":
+            assert min(float(c) for c in r["compute_capabilities"]) >= 7.5
+            assert r["min_driver"].startswith("580")
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("rows: [\n  - torch: '2.1'\n  bad", "is not valid YAML at line"),
+        ("rows: []\n", "non-empty list under the key rows"),
+        ("- torch: '2.6.0'\n", "non-empty list under the key rows"),
+        (
+            "rows:\n  - {torch: 2.10, torchvision: '0.25.0', variant: cpu, compute_capabilities: [], os: [debian12]}\n",
+            "torch must be a quoted string, got 2.1",
+        ),
+        (
+            "rows:\n  - {torch: '2.6.0', torchvision: '0.21.0', variant: cu126,"
+            " compute_capabilities: ['9.0'], os: [debian12]}\n",
+            "row 1 (torch 2.6.0 cu126) lacks the key min_driver",
+        ),
+        (
+            "rows:\n  - {torch: '2.6.0', torchvision: '0.21.0', variant: cpu,"
+            " compute_capabilities: [], os: [debian12], index: x}\n",
+            "unknown key index",
+        ),
+        (
+            "rows:\n  - {torch: '2.6.0', torchvision: '0.21.0', variant: cpu,"
+            " compute_capabilities: [], os: debian12}\n",
+            "os must be a non-empty list",
+        ),
+    ],
+)
+def test_malformed_matrix(stack, text, needle):
+    loaded = stack.load_matrix(text, "m.yml")
+    assert loaded["rows"] == []
+    assert any(needle in e for e in loaded["errors"]), loaded["errors"]
+    assert all(e.startswith("m.yml") for e in loaded["errors"])
+
+
+def test_matrix_duplicate_and_branch(stack, matrix_text):
+    dup = matrix_text + matrix_text.split("rows:\n", 1)[1].split("  - torch", 2)[1].join(["  - torch", ""])
+    assert any("repeats torch 2.14.1 cu130" in e for e in stack.load_matrix(dup)["errors"])
+    wrong = matrix_text.replace('min_driver: "580.65.06"', 'min_driver: "575.51.03"', 1)
+    assert any("not on driver_branch 580" in e for e in stack.load_matrix(wrong)["errors"])
+
+
+# ------------------------------------------------------------------- hosts
+
+
+@pytest.mark.parametrize(
+    "dist,version,expected",
+    [("Debian", "12.8", "debian12"), ("Ubuntu", "22.04", "ubuntu2204"), ("Ubuntu", "24.04", "ubuntu2404")],
+)
+def test_os_id(stack, dist, version, expected):
+    assert stack.os_id(dist, version) == expected
+
+
+@pytest.mark.parametrize(
+    "cc,built,ok",
+    [
+        ("8.9", ["8.0", "8.6", "9.0"], True),  # Ada runs Ampere 8.6 code
+        ("6.1", ["5.0", "6.0", "7.0"], True),
+        ("6.0", ["7.5", "8.0"], False),
+        ("8.0", ["8.6"], False),  # not downward in minor
+        ("10.0", ["9.0"], False),  # not across majors
+    ],
+)
+def test_cc_supported(stack, cc, built, ok):
+    assert stack.cc_supported(cc, built) is ok
+
+
+# ------------------------------------------------------------------ choice
+
+
+@pytest.mark.parametrize(
+    "smi,variant",
+    [
+        ("h100-8x.nvidia-smi", "cu130"),
+        ("a100-4x.nvidia-smi", "cu130"),
+        ("t4.nvidia-smi", "cu130"),
+        ("rtx4090.nvidia-smi", "cu130"),
+        ("v100.nvidia-smi", "cu126"),  # Volta: cu128 dropped it in 2.11, cu130 never had it
+        ("p100.nvidia-smi", "cu126"),
+    ],
+)
+def test_auto_pick_per_gpu(stack, gpu, rows, smi, variant):
+    chosen = pick(stack, rows, [host(gpu, smi=smi)])
+    assert chosen["problems"] == {}
+    assert (chosen["row"]["torch"], chosen["row"]["variant"]) == ("2.14.1", variant)
+
+
+def test_auto_pick_takes_the_oldest_gpu_into_account(stack, gpu, rows):
+    hosts = [host(gpu, "n1", smi="h100-8x.nvidia-smi"), host(gpu, "n2", smi="p100.nvidia-smi")]
+    assert pick(stack, rows, hosts)["row"]["variant"] == "cu126"
+
+
+def test_cpu_only_cluster_gets_cpu_build(stack, gpu, rows):
+    hosts = [host(gpu, "n1", group="cpu"), host(gpu, "n2", group="cpu")]
+    chosen = pick(stack, rows, hosts)
+    assert chosen["row"]["variant"] == "cpu"
+    assert chosen["profiles"] == {"n1": "cpu", "n2": "cpu"}
+
+
+def test_pinned_cuda_build_on_cpu_hosts(stack, gpu, rows):
+    chosen = pick(stack, rows, [host(gpu, group="cpu")], torch="2.14.1", variant="cu130")
+    assert chosen["row"]["variant"] == "cu130"
+    assert chosen["profiles"] == {"node1": "cpu"}
+
+
+def test_pinned_torch_only(stack, gpu, rows):
+    chosen = pick(stack, rows, [host(gpu, smi="h100-8x.nvidia-smi")], torch="2.7.1")
+    assert (chosen["row"]["torch"], chosen["row"]["variant"]) == ("2.7.1", "cu128")
+
+
+def test_driver_frozen_picks_what_the_installed_driver_runs(stack, gpu, rows):
+    # Driver 570 installed and not to be touched: cu130 (580) is out, cu128 (570.26) fits.
+    h = host(gpu, smi="a100-4x.nvidia-smi", manage_driver=False)
+    assert pick(stack, rows, [h])["row"]["variant"] == "cu128"
+
+
+def test_branch_cap(stack, gpu, rows):
+    h = host(gpu, smi="h100-8x.nvidia-smi", driver_branch_max="570")
+    assert pick(stack, rows, [h])["row"]["variant"] == "cu128"
+
+
+# ------------------------------------------------------------ failures
+
+
+def only_problem(chosen, name="node1"):
+    assert chosen["row"] is None
+    return " ".join(chosen["problems"][name])
+
+
+def test_gpu_too_old_for_pinned_variant(stack, gpu, rows):
+    msg = only_problem(pick(stack, rows, [host(gpu, smi="p100.nvidia-smi")], torch="2.14.1", variant="cu130"))
+    assert msg.startswith("node1: GPU 0 (Tesla P100-PCIE-16GB, PCI 00000000:00:04.0) has compute capability 6.0")
+    assert "too old for torch 2.14.1 cu130, which is built for 7.5, 8.0" in msg
+    assert "Needs: a variant built for 6.0" in msg
+
+
+def test_driver_too_old_while_frozen(stack, gpu, rows):
+    h = host(gpu, smi="h100-old-driver.nvidia-smi", manage_driver=False)
+    msg = only_problem(pick(stack, rows, [h], torch="2.14.1", variant="cu130"))
+    assert "node1: NVIDIA driver 535.183.01 is installed and driver changes are disabled" in msg
+    assert "needs driver 580.65.06 or newer" in msg
+
+
+def test_no_driver_while_frozen(stack, gpu, rows):
+    h = host(gpu, smi="h100-8x.nvidia-smi", manage_driver=False, driver_version=None)
+    msg = only_problem(pick(stack, rows, [h], torch="2.14.1", variant="cu130"))
+    assert "no NVIDIA driver is installed and driver changes are disabled" in msg
+
+
+def test_driver_too_old_is_fine_when_managed(stack, gpu, rows):
+    h = host(gpu, smi="h100-old-driver.nvidia-smi")
+    assert pick(stack, rows, [h], torch="2.14.1", variant="cu130")["problems"] == {}
+
+
+def test_secure_boot_without_signing(stack, gpu, rows):
+    h = host(gpu, smi="h100-old-driver.nvidia-smi", secure_boot=True)
+    msg = only_problem(pick(stack, rows, [h], variant="cu130", torch="2.14.1"))
+    assert "node1: Secure Boot is on and no DKMS signing key was found" in msg
+    h["signing_key"] = "/var/lib/dkms/mok.pub"
+    msg = only_problem(pick(stack, rows, [h], variant="cu130", torch="2.14.1"))
+    assert "the key /var/lib/dkms/mok.pub is not enrolled" in msg
+    h["signing_key_enrolled"] = True
+    assert pick(stack, rows, [h], variant="cu130", torch="2.14.1")["problems"] == {}
+
+
+def test_secure_boot_with_the_right_driver_in_place(stack, gpu, rows):
+    # The 580 driver is already there and loaded: nothing new needs signing.
+    h = host(gpu, smi="h100-8x.nvidia-smi", secure_boot=True)
+    assert pick(stack, rows, [h], variant="cu130", torch="2.14.1")["problems"] == {}
+
+
+def test_gpu_group_without_gpu(stack, gpu, rows):
+    h = host(gpu, gpu_notes=["neither a working nvidia-smi nor lspci (package pciutils) was found"])
+    msg = only_problem(pick(stack, rows, [h]))
+    assert "node1 is in the group gpu_nodes but no NVIDIA GPU was found (neither a working nvidia-smi" in msg
+
+
+def test_unsupported_os(stack, gpu, rows):
+    h = host(gpu, group="cpu", os="debian11", os_name="Debian 11.9")
+    msg = only_problem(pick(stack, rows, [h], torch="2.14.1", variant="cpu"))
+    assert "node1 runs Debian 11.9 (debian11); torch 2.14.1 cpu supports debian12, ubuntu2204, ubuntu2404" in msg
+
+
+def test_not_enough_disk(stack, gpu, rows):
+    h = host(gpu, group="cpu", free_bytes=3 * GIB)
+    msg = only_problem(pick(stack, rows, [h]))
+    assert "node1: only 3.0 GiB free on the file system of /opt. Needs: at least 10 GiB" in msg
+
+
+def test_unknown_torch_and_variant(stack, gpu, rows):
+    msg = only_problem(pick(stack, rows, [host(gpu, group="cpu")], torch="9.9.9", variant="cu999"))
+    assert "node1: no row of the compatibility matrix matches torchrig_torch=9.9.9 torchrig_variant=cu999" in msg
+    assert "2.14.1: cu130, cu128, cu126, cpu" in msg
+
+
+def test_unknown_cc_on_gpu_host(stack, gpu, rows):
+    g = gpu.parse_lspci("01:00.0 3D controller [0302]: NVIDIA Corporation Device [10de:ffff] (rev a1)\n")
+    h = host(gpu, gpus=g, gpu_count=1)
+    assert "has an unknown compute capability" in only_problem(pick(stack, rows, [h]))
+
+
+def test_no_common_row_names_every_host(stack, gpu, rows):
+    # One host's frozen driver 535 allows only CUDA 11.8; the other's Secure Boot
+    # rules out any driver change. No row fits both.
+    hosts = [
+        host(gpu, "n1", smi="h100-old-driver.nvidia-smi", manage_driver=False),
+        host(gpu, "n2", smi="a100-4x.nvidia-smi", secure_boot=True),
+    ]
+    chosen = pick(stack, rows, hosts)
+    assert chosen["row"] is None
+    assert set(chosen["problems"]) == {"n1", "n2"}
+    assert "n1 would accept torch 2.7.1 cu118, torch 2.6.0 cu118" in " ".join(chosen["problems"]["n1"])
