@@ -122,8 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="linear warm-up steps before the cosine decay")
     t.add_argument("--min-lr-ratio", type=_number(float, 0, high=1), default=0.1,
                    help="final learning rate as a fraction of --lr")
-    t.add_argument("--clip-grad", type=_number(float, 0), default=1.0,
-                   help="clip the gradient norm to this value (0: off)")
+    t.add_argument("--clip-grad", type=_number(float, 0), default=0.0,
+                   help="clip the gradient norm to this value (0: off; costs 0.2-0.5 ms a "
+                   "step on a CPU)")
     t.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="auto: bf16 autocast on a GPU that supports it, fp32 on the CPU; "
                    "fp16 uses a gradient scaler")

