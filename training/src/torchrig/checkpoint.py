@@ -11,6 +11,7 @@ tried. Only when no common step loads everywhere is a copy sent from a node that
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
@@ -66,10 +67,29 @@ def save_atomic(obj: Any, path: Path) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
-        raise
+        code = _os_errno(e)
+        if code is None:
+            raise
+        # torch.save turns a failed write (a full disk) into "RuntimeError: ...
+        # unexpected pos N vs M", naming neither the file nor the cause.
+        msg = (f"cannot write checkpoint {path}: {os.strerror(code)} "
+               f"({errno.errorcode.get(code, code)}); the temp file was removed and the "
+               f"earlier checkpoints in {path.parent} are kept")
+        log.error("%s", msg)
+        raise OSError(code, msg) from e
     _fsync_dir(path.parent)
+
+
+def _os_errno(e: BaseException | None) -> int | None:
+    """The errno of the OSError behind `e` (itself or what it was raised from)."""
+    seen = 0
+    while e is not None and seen < 10:
+        if isinstance(e, OSError) and e.errno is not None:
+            return e.errno
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
 
 
 def prune(ckpt_dir: Path, keep: int) -> None:
