@@ -56,6 +56,7 @@ def setup(threads: int = 0) -> DistEnv:
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True  # fixed input shapes: pick the fastest kernels
         backend = "nccl"
     else:
         device = torch.device("cpu")

@@ -388,8 +388,9 @@ def train(cfg: Config, env: DistEnv) -> int:
     if eval_step != step:  # --max-steps ended mid-epoch, or resumed at the very end
         result = evaluate(raw_model, data, env, cfg.eval_batch_size, autocast, cfg.channels_last)
         if out is not None:
-            out.record({"split": "eval", "step": step, "epoch": epoch, "loss": result[0],
-                        "accuracy": result[1]})
+            out.record({"split": "eval", "step": step,
+                        "epoch": round(epoch + step_in_epoch / steps_per_epoch, 4),
+                        "loss": result[0], "accuracy": result[1]})
     if saved_step != step:
         save()
     if out is not None:
