@@ -114,10 +114,10 @@ def best_of_interleaved(repeats: int, *runs) -> list[float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32, help="per process")
     p.add_argument("--nproc", type=int, default=2, help="processes for the multi-process runs")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--trainer-flags", default="",
                    help="extra torchrig-train flags, e.g. '--precision bf16 --channels-last "
                    "--compile' on a GPU")
