@@ -1,5 +1,8 @@
 """Prints, as JSON, what a node has: its Python and platform (to choose the
-wheels for it) and what the venv holds (to skip pip when nothing would change).
+wheels for it) and what the venv holds (to skip pip when nothing would change),
+and whether the venv is broken: an install killed halfway (provision.yml
+interrupted, a node crash) can leave a venv without pip, or torch's files
+half unpacked, which pip would not repair on its own.
 Runs with the system python3 on the node: pytorch/tasks/main.yml.
 
 usage: python3 venv_state.py VENV MARKER
@@ -20,6 +23,7 @@ state = {
     "venv": os.path.exists(python),
     "packages": {},
     "training_hash": None,
+    "broken": None,
 }
 if state["venv"]:
     # importlib.metadata reads the dist-info files: milliseconds, where
@@ -28,7 +32,18 @@ if state["venv"]:
         "import importlib.metadata as m, json;"
         "print(json.dumps({d.metadata['Name'].lower().replace('_', '-'): d.version for d in m.distributions()}))"
     )
-    state["packages"] = json.loads(subprocess.check_output([python, "-c", listing]))
+    try:
+        state["packages"] = json.loads(subprocess.check_output([python, "-c", listing]))
+    except (OSError, subprocess.CalledProcessError, ValueError) as e:
+        state["broken"] = f"its python does not run: {e}"
+    if not state["broken"] and not os.path.exists(os.path.join(venv, "bin", "pip")):
+        state["broken"] = "it has no pip"
+    if not state["broken"] and "torch" in state["packages"]:
+        # Metadata can be complete while files are not: import for real.
+        check = subprocess.run([python, "-c", "import torch, torchvision"], capture_output=True, text=True)
+        if check.returncode != 0:
+            lines = check.stderr.strip().splitlines() or ["no error output"]
+            state["broken"] = f"import torch, torchvision fails: {lines[-1]}"
 if os.path.exists(marker):
     with open(marker) as f:
         state["training_hash"] = f.read().strip()
