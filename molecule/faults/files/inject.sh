@@ -1,0 +1,49 @@
+#!/bin/bash
+# Wait until node2 holds a checkpoint of JOB while the job runs, then inject
+# FAULT on node2 from the controller. Prints one JSON line: the job, the fault,
+# the newest checkpoint step node2 had just before it, and what was done.
+#   inject.sh JOB worker|service|container
+#   worker     SIGKILL to the job's worker process (its worker-rank*.pid)
+#   service    systemctl kill -s KILL: every process of the unit at once
+#   container  podman stop (systemd shuts the node down), then podman start
+# Exits 1 when no checkpoint appears within 300 s or the job is not running
+# at that moment: then the fault could not be injected mid-job.
+set -u
+job=$1 fault=$2
+node=torchrig-m-faults-node2
+run=/var/lib/torchrig/runs/$job
+unit=torchrig-job@$job.service
+start=$SECONDS
+newest() {
+    podman exec "$node" sh -c "ls $run/checkpoints 2>/dev/null" | sed -n 's/^ckpt_0*\([0-9][0-9]*\)\.pt$/\1/p' | sort -n | tail -n 1
+}
+until step=$(newest) && [ -n "$step" ]; do
+    if (( SECONDS - start > 300 )); then
+        echo "no checkpoint of $job on $node after 300 s" >&2
+        exit 1
+    fi
+    sleep 0.3
+done
+state=$(podman exec "$node" systemctl show --property=ActiveState --value "$unit")
+if [ "$state" != active ]; then
+    echo "$job is $state on $node once its first checkpoint exists: too late to inject $fault" >&2
+    exit 1
+fi
+case $fault in
+    worker)
+        pids=$(podman exec "$node" sh -c "cat $run/worker-rank*.pid" | tr '\n' ' ')
+        podman exec "$node" kill -KILL $pids || exit 1
+        done="kill -KILL $pids" ;;
+    service)
+        podman exec "$node" systemctl kill --signal=KILL "$unit" || exit 1
+        done="systemctl kill --signal=KILL $unit" ;;
+    container)
+        t0=$SECONDS
+        podman stop --time 120 "$node" >/dev/null || exit 1
+        stopped=$((SECONDS - t0))
+        podman start "$node" >/dev/null || exit 1
+        done="podman stop (took ${stopped} s), podman start" ;;
+    *) echo "unknown fault $fault" >&2; exit 2 ;;
+esac
+printf '{"job": "%s", "fault": "%s", "checkpoint_step": %s, "waited_s": %s, "done": "%s"}\n' \
+    "$job" "$fault" "$step" "$((SECONDS - start))" "$done"
