@@ -59,7 +59,7 @@ test: setup lint pytest molecule ## All tests: lint, Python tests, every molecul
 lint: setup ## yamllint, ansible-lint (production profile), ruff
 	yamllint --strict .
 	ansible-lint
-	ruff check training bench tests
+	ruff check training bench tests roles
 
 pytest: setup ## Python tests: the training package and the playbooks' logic
 	pytest -q training/tests tests

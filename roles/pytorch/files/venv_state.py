@@ -40,7 +40,7 @@ if state["venv"]:
         state["broken"] = "it has no pip"
     if not state["broken"] and "torch" in state["packages"]:
         # Metadata can be complete while files are not: import for real.
-        check = subprocess.run([python, "-c", "import torch, torchvision"], capture_output=True, text=True)
+        check = subprocess.run([python, "-c", "import torch, torchvision"], check=False, capture_output=True, text=True)
         if check.returncode != 0:
             lines = check.stderr.strip().splitlines() or ["no error output"]
             state["broken"] = f"import torch, torchvision fails: {lines[-1]}"
