@@ -38,11 +38,17 @@ case $fault in
         podman exec "$node" systemctl kill --signal=KILL "$unit" || exit 1
         done="systemctl kill --signal=KILL $unit" ;;
     container)
+        # A real node keeps its address across a reboot (static or reserved);
+        # podman would hand out a new one, which the peers' firewalls drop.
+        net=torchrig-m-faults
+        ip=$(podman inspect --format "{{(index .NetworkSettings.Networks \"$net\").IPAddress}}" "$node")
+        mac=$(podman inspect --format "{{(index .NetworkSettings.Networks \"$net\").MacAddress}}" "$node")
         t0=$SECONDS
         podman stop --time 120 "$node" >/dev/null || exit 1
         stopped=$((SECONDS - t0))
+        podman network disconnect "$net" "$node" && podman network connect --ip "$ip" --mac-address "$mac" "$net" "$node" || exit 1
         podman start "$node" >/dev/null || exit 1
-        done="podman stop (took ${stopped} s), podman start" ;;
+        done="podman stop (took ${stopped} s), podman start (address $ip kept)" ;;
     *) echo "unknown fault $fault" >&2; exit 2 ;;
 esac
 printf '{"job": "%s", "fault": "%s", "checkpoint_step": %s, "waited_s": %s, "done": "%s"}\n' \
