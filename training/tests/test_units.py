@@ -6,8 +6,11 @@ import argparse
 import logging
 import math
 import random
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +19,7 @@ import torch
 import yaml
 
 from launch import child_env
-from torchrig import allreduce_bench, checkpoint, data
+from torchrig import allreduce_bench, checkpoint, clock_offset, data
 from torchrig.config import parse_config
 from torchrig.dist import DistEnv
 from torchrig.train import lr_factor
@@ -241,3 +244,42 @@ def test_resnet18_sgd_channels_last_on_digits(tmp_path: Path):
                     "sgd", "--lr", "0.05", "--channels-last", "--max-steps", "3",
                     "--batch-size", "16")
     assert s["steps"] == 3 and s["model"] == "resnet18" and 0 <= s["accuracy"] <= 1
+
+
+# --- clock offset (health.yml) ----------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("skew", [0.0, 5.0, -2.5])
+def test_clock_offset_finds_a_known_skew(skew: float):
+    port = _free_port()
+    server = threading.Thread(target=clock_offset.serve, args=(port, 1, 10.0),
+                              kwargs={"clock": lambda: time.time() + skew})
+    server.start()
+    for _ in range(100):  # until the server listens
+        try:
+            result = clock_offset.measure("127.0.0.1", port, 10, 5.0)
+            break
+        except ConnectionRefusedError:
+            time.sleep(0.02)
+    server.join(5)
+    assert not server.is_alive()
+    assert result["error_s"] < 0.05
+    assert abs(result["offset_s"] - skew) <= result["error_s"] + 0.001
+
+
+def test_clock_offset_reports_an_unreachable_server(capsys: pytest.CaptureFixture[str]):
+    port = _free_port()
+    argv = ["query", "--host", "127.0.0.1", "--port", str(port), "--timeout", "1"]
+    assert clock_offset.main(argv) == 1
+    assert f"cannot measure against 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_clock_offset_server_gives_up_without_clients(capsys: pytest.CaptureFixture[str]):
+    argv = ["serve", "--port", str(_free_port()), "--clients", "2", "--timeout", "0.3"]
+    assert clock_offset.main(argv) == 1
+    assert "0 of 2 clients within 0 s" in capsys.readouterr().err

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Provisioning time and bytes downloaded from outside the cluster, against node count.
+
+For each node count N: a fresh local cluster of N nodes (`local-cluster.yml`,
+nodes removed and started again), then `provision.yml` twice. It prints the
+first run's time, the second (no-op) run's time and its changed count, and
+the bytes that came from outside the cluster:
+
+- controller: what `pip download` put into an empty wheelhouse (the
+  wheelhouse mode downloads once for the whole cluster);
+- nodes: bytes each node received from addresses outside the cluster's
+  subnet (apt, and pip in `index` mode), counted by an nftables counter that
+  the script adds on every node before provisioning (table inet
+  torchrig_bench; the firewall role leaves other tables alone).
+
+Then the ratios of the largest node count to the smallest. A script, not a
+test: it prints figures. It replaces the local cluster (`make up` afterwards
+gives a 2-node one back).
+
+    .venv/bin/python bench/bench_provision.py --nodes 1 2 4
+    .venv/bin/python bench/bench_provision.py --nodes 1 2 --source index   # nodes reach the index
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+COUNTER_TABLE = "torchrig_bench"
+
+
+@dataclass
+class Run:
+    """One node count's figures."""
+
+    nodes: int
+    first_s: float
+    second_s: float
+    second_changed: int
+    controller_bytes: int
+    node_bytes: list[int]
+
+    @property
+    def outside_bytes(self) -> int:
+        return self.controller_bytes + sum(self.node_bytes)
+
+
+def run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run an Ansible command from the repository root; stop the bench on failure."""
+    proc = subprocess.run([str(BIN / cmd[0]), *cmd[1:]], cwd=REPO, capture_output=True, text=True,
+                          check=False, env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}")
+    return proc
+
+
+def changed_total(recap: str) -> int:
+    """Sum of changed= over the PLAY RECAP lines."""
+    return sum(int(n) for n in re.findall(r"\bchanged=(\d+)", recap.split("PLAY RECAP")[-1]))
+
+
+def on_nodes(nodes: int, shell: str) -> dict[str, str]:
+    """Run a shell line as root on the first N nodes; node name -> stdout."""
+    proc = run(["ansible", f"cluster[0:{nodes - 1}]", "-b", "-m", "ansible.builtin.shell", "-a", shell, "-o"])
+    out = {}
+    for line in proc.stdout.splitlines():
+        # "node1 | CHANGED | rc=0 | (stdout) 123"
+        match = re.match(r"^(\S+) \| \w+ \| rc=0 \| \(stdout\) (.*)$", line)
+        if match:
+            out[match.group(1)] = match.group(2)
+    return out
+
+
+def start_counters(nodes: int) -> None:
+    """Count, on every node, the bytes that arrive from outside its own subnet."""
+    rules = (
+        "subnet=$(ip -o -4 route show scope link | awk 'NR==1{print $1}'); "
+        f"nft add table inet {COUNTER_TABLE} && "
+        f"nft add chain inet {COUNTER_TABLE} input '{{ type filter hook input priority -400; }}' && "
+        f"nft add rule inet {COUNTER_TABLE} input ip saddr != $subnet counter && "
+        "echo $subnet"
+    )
+    subnets = on_nodes(nodes, rules)
+    if len(subnets) != nodes:
+        sys.exit(f"could not add the byte counters on every node: {subnets}")
+
+
+def read_counters(nodes: int) -> list[int]:
+    out = on_nodes(nodes, f"nft -j list table inet {COUNTER_TABLE}")
+    counts = []
+    for text in out.values():
+        rules = [item["rule"] for item in json.loads(text)["nftables"] if "rule" in item]
+        counts.append(sum(expr["counter"]["bytes"] for rule in rules for expr in rule["expr"] if "counter" in expr))
+    return counts
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def measure(nodes: int, source: str) -> Run:
+    run(["ansible-playbook", "playbooks/local-cluster.yml", "-e", "state=absent"])
+    run(["ansible-playbook", "playbooks/local-cluster.yml", "-e", f"nodes={nodes}"])
+    start_counters(nodes)
+    with tempfile.TemporaryDirectory(prefix="torchrig-bench-wheelhouse-") as wheelhouse:
+        # An empty wheelhouse and no pip cache: the controller downloads as on a new machine.
+        args = ["-e", f"pytorch_wheelhouse_cache={wheelhouse}", "-e", f"pytorch_source={source}"]
+        env = {"PIP_NO_CACHE_DIR": "1"}
+        t0 = time.monotonic()
+        run(["ansible-playbook", "provision.yml", *args], env)
+        first = time.monotonic() - t0
+        controller = tree_bytes(Path(wheelhouse))
+        node_bytes = read_counters(nodes)
+        t0 = time.monotonic()
+        second = run(["ansible-playbook", "provision.yml", *args], env)
+        second_s = time.monotonic() - t0
+    return Run(nodes, first, second_s, changed_total(second.stdout), controller, node_bytes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--source", choices=["wheelhouse", "index"], default="wheelhouse",
+                        help="pytorch_source: one download on the controller, or one per node")
+    args = parser.parse_args()
+    mb = 1e6
+    print(f"source={args.source}")
+    print(f"{'nodes':>5} {'first run s':>12} {'second run s':>13} {'changed':>8} "
+          f"{'controller MB':>14} {'nodes MB (each)':>22} {'outside MB':>11}")
+    results: dict[int, Run] = {}
+    for n in args.nodes:
+        r = results[n] = measure(n, args.source)
+        each = "/".join(f"{b / mb:.0f}" for b in r.node_bytes)
+        print(f"{n:>5} {r.first_s:>12.1f} {r.second_s:>13.1f} {r.second_changed:>8} "
+              f"{r.controller_bytes / mb:>14.1f} {each:>22} {r.outside_bytes / mb:>11.1f}", flush=True)
+    if len(results) > 1:
+        lo, hi = results[min(results)], results[max(results)]
+        print(f"time({hi.nodes})/time({lo.nodes}), first run: {hi.first_s / lo.first_s:.2f}")
+        print(f"outside bytes({hi.nodes})/outside bytes({lo.nodes}): {hi.outside_bytes / lo.outside_bytes:.2f}")
+
+
+if __name__ == "__main__":
+    main()
