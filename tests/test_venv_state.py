@@ -73,3 +73,15 @@ def test_venv_without_torch_yet_is_not_broken(tmp_path: Path) -> None:
     fake_dist(venv, "numpy", "2.3.0")
     s = state(venv, tmp_path)
     assert s["broken"] is None and "torch" not in s["packages"]
+
+
+def test_good_venv_reports_what_torch_says(tmp_path: Path) -> None:
+    # The controller venv of `make setup` holds the same torch the nodes get.
+    venv = REPO / ".venv"
+    s = state(venv, tmp_path)
+    assert s["broken"] is None, s
+    assert s["torch"]["torch"].split("+")[0] == s["packages"]["torch"].split("+")[0]
+    assert s["torch"]["torchvision"].split("+")[0] == s["packages"]["torchvision"].split("+")[0]
+    import torch
+
+    assert s["torch"]["devices"] == torch.cuda.device_count()

@@ -38,13 +38,23 @@ if state["venv"]:
         state["broken"] = f"its python does not run: {e}"
     if not state["broken"] and not os.path.exists(os.path.join(venv, "bin", "pip")):
         state["broken"] = "it has no pip"
-    if not state["broken"] and "torch" in state["packages"]:
-        # Metadata can be complete while files are not: import for real.
-        check = subprocess.run([python, "-c", "import torch, torchvision"], check=False, capture_output=True, text=True)
-        if check.returncode != 0:
-            lines = check.stderr.strip().splitlines() or ["no error output"]
-            state["broken"] = f"import torch, torchvision fails: {lines[-1]}"
 if os.path.exists(marker):
     with open(marker) as f:
         state["training_hash"] = f.read().strip()
+if state["venv"] and not state["broken"] and "torch" in state["packages"]:
+    # Metadata can be complete while files are not: import for real. What the
+    # import reports is what the role checks against the matrix, so a run that
+    # installs nothing imports torch once.
+    modules = "torch, torchvision" + (", torchrig" if state["training_hash"] else "")
+    report = (
+        f"import json, {modules};"
+        "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda,"
+        " 'torchvision': torchvision.__version__, 'devices': torch.cuda.device_count()}))"
+    )
+    check = subprocess.run([python, "-c", report], check=False, capture_output=True, text=True)
+    if check.returncode != 0:
+        lines = check.stderr.strip().splitlines() or ["no error output"]
+        state["broken"] = f"import {modules} fails: {lines[-1]}"
+    else:
+        state["torch"] = json.loads(check.stdout)
 print(json.dumps(state))
