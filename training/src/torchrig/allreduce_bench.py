@@ -20,6 +20,7 @@ import torch
 import torch.distributed
 
 from . import dist
+from .config import number
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -50,19 +51,13 @@ def message_sizes(min_bytes: int, max_bytes: int) -> list[int]:
     return sizes
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return int(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m torchrig.allreduce_bench",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--min-bytes", type=parse_size, default="1K", help="smallest message")
     p.add_argument("--max-bytes", type=parse_size, default="256M", help="largest message")
-    p.add_argument("--iters", type=_positive, default=20, help="timed all_reduces per size")
-    p.add_argument("--warmup", type=_positive, default=5, help="untimed all_reduces per size")
+    p.add_argument("--iters", type=number(int, 1), default=20, help="timed all_reduces per size")
+    p.add_argument("--warmup", type=number(int, 1), default=5, help="untimed all_reduces per size")
     p.add_argument("--json", metavar="FILE", help="also write the results to FILE (rank 0)")
     args = p.parse_args(argv)
     if args.min_bytes > args.max_bytes:

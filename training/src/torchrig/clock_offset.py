@@ -22,6 +22,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from .config import number
+
 _STAMP = struct.Struct("!d")
 
 
@@ -81,24 +83,18 @@ def measure(host: str, port: int, count: int, timeout: float) -> dict[str, float
     return {"offset_s": best[1], "error_s": best[0] / 2, "rtt_s": best[0]}
 
 
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return int(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m torchrig.clock_offset",
                                 description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="answer time requests (on the reference node)")
-    s.add_argument("--port", type=_positive_int, required=True)
-    s.add_argument("--clients", type=_positive_int, default=1, help="exit after this many clients")
+    s.add_argument("--port", type=number(int, 1), required=True)
+    s.add_argument("--clients", type=number(int, 1), default=1, help="exit after this many clients")
     s.add_argument("--timeout", type=float, default=60.0, help="give up after this many seconds")
     q = sub.add_parser("query", help="measure this node's offset from the server, print JSON")
     q.add_argument("--host", required=True)
-    q.add_argument("--port", type=_positive_int, required=True)
-    q.add_argument("--count", type=_positive_int, default=20, help="exchanges; the fastest counts")
+    q.add_argument("--port", type=number(int, 1), required=True)
+    q.add_argument("--count", type=number(int, 1), default=20, help="exchanges; the fastest counts")
     q.add_argument("--timeout", type=float, default=10.0)
     args = p.parse_args(argv)
     if args.command == "serve":

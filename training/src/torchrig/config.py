@@ -54,7 +54,7 @@ class Config:
         return dataclasses.asdict(self)
 
 
-def _number(kind: type, low: float | None = None, low_open: bool = False,
+def number(kind: type, low: float | None = None, low_open: bool = False,
             high: float | None = None, high_open: bool = False):
     """An argparse `type` that parses `kind` and checks a range; errors say what is allowed."""
     lo = "" if low is None else ("> " if low_open else ">= ") + str(low)
@@ -101,28 +101,28 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cnn: a small 2-conv network; resnet18: torchvision's, adapted to "
                    "the input channels, size and classes")
     t = p.add_argument_group("training")
-    t.add_argument("--epochs", type=_number(int, 1), default=6, help="passes over the data")
-    t.add_argument("--max-steps", type=_number(int, 0), default=0,
+    t.add_argument("--epochs", type=number(int, 1), default=6, help="passes over the data")
+    t.add_argument("--max-steps", type=number(int, 0), default=0,
                    help="stop after this many optimizer steps (0: no limit); the LR schedule "
                    "still spans --epochs")
-    t.add_argument("--batch-size", type=_number(int, 1), default=32,
+    t.add_argument("--batch-size", type=number(int, 1), default=32,
                    help="samples per process per micro-step; the global batch is "
                    "batch-size x grad-accum x world size")
-    t.add_argument("--eval-batch-size", type=_number(int, 1), default=500,
+    t.add_argument("--eval-batch-size", type=number(int, 1), default=500,
                    help="samples per process per evaluation batch")
-    t.add_argument("--grad-accum", type=_number(int, 1), default=1,
+    t.add_argument("--grad-accum", type=number(int, 1), default=1,
                    help="micro-steps whose gradients are summed into one optimizer step")
     t.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="optimizer")
-    t.add_argument("--lr", type=_number(float, 0, low_open=True), default=2e-3,
+    t.add_argument("--lr", type=number(float, 0, low_open=True), default=2e-3,
                    help="peak learning rate")
-    t.add_argument("--weight-decay", type=_number(float, 0), default=0.01, help="weight decay")
-    t.add_argument("--momentum", type=_number(float, 0, high=1, high_open=True), default=0.9,
+    t.add_argument("--weight-decay", type=number(float, 0), default=0.01, help="weight decay")
+    t.add_argument("--momentum", type=number(float, 0, high=1, high_open=True), default=0.9,
                    help="SGD momentum (sgd only)")
-    t.add_argument("--warmup-steps", type=_number(int, 0), default=50,
+    t.add_argument("--warmup-steps", type=number(int, 0), default=50,
                    help="linear warm-up steps before the cosine decay")
-    t.add_argument("--min-lr-ratio", type=_number(float, 0, high=1), default=0.1,
+    t.add_argument("--min-lr-ratio", type=number(float, 0, high=1), default=0.1,
                    help="final learning rate as a fraction of --lr")
-    t.add_argument("--clip-grad", type=_number(float, 0), default=0.0,
+    t.add_argument("--clip-grad", type=number(float, 0), default=0.0,
                    help="clip the gradient norm to this value (0: off; costs 0.2-0.5 ms a "
                    "step on a CPU)")
     t.add_argument("--precision", choices=PRECISIONS, default="auto",
@@ -131,22 +131,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
     t.add_argument("--channels-last", action="store_true",
                    help="channels-last memory format (faster convolutions on GPUs)")
-    t.add_argument("--seed", type=_number(int, 0), default=0,
+    t.add_argument("--seed", type=number(int, 0), default=0,
                    help="seed of the model, the data order and every RNG")
-    t.add_argument("--threads", type=_number(int, 0), default=0,
+    t.add_argument("--threads", type=number(int, 0), default=0,
                    help="CPU threads per process (0: usable cores / processes on this node)")
     o = p.add_argument_group("output and checkpoints")
     o.add_argument("--run-dir", default="runs/torchrig",
                    help="node-local directory of metrics, plots, summary and checkpoints")
-    o.add_argument("--checkpoint-every", type=_number(int, 0), default=100,
+    o.add_argument("--checkpoint-every", type=number(int, 0), default=100,
                    help="checkpoint every N optimizer steps (0: only at the end and on "
                    "SIGTERM)")
-    o.add_argument("--keep-checkpoints", type=_number(int, 1), default=3,
+    o.add_argument("--keep-checkpoints", type=number(int, 1), default=3,
                    help="keep the newest K checkpoints on each node")
     o.add_argument("--no-resume", dest="resume", action="store_false",
                    help="start from scratch even if checkpoints exist (YAML: `resume: false`; "
                    "resume is %(default)s by default)")
-    o.add_argument("--log-every", type=_number(int, 1), default=20,
+    o.add_argument("--log-every", type=number(int, 1), default=20,
                    help="log training metrics every N optimizer steps")
     return p
 
