@@ -13,11 +13,13 @@ optimizer, scheduler, RNG and the position in the epoch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from launch import (
@@ -165,3 +167,29 @@ def test_node_with_empty_disk_gets_the_checkpoint_sent(reference_run: Path, tmp_
     assert any("sent from rank" in la.output() for la in launches)
     summary = assert_same_result([a, b], reference_run)
     assert summary["resumed_from_step"] == 100
+
+
+def test_stop_reaching_the_nodes_at_different_times_ends_the_job_once(tmp_path: Path):
+    """stop.yml reaches the nodes a moment apart: node b's workers are told first, node a's
+    while they are already checkpointing or exiting. The job must end as a stop on both
+    nodes (exit 0, no restart), not as a failed worker that torchrun restarts."""
+    a, b = tmp_path / "node-a", tmp_path / "node-b"
+    launches = start_two_nodes([a, b], "late-stop")
+    wait_for(checkpoint.path_for(b / "checkpoints", 50).exists, "checkpoint 50", launches)
+    pid_a = int((a / "worker-rank0.pid").read_text() if (a / "worker-rank0.pid").exists()
+                else (a / "worker-rank1.pid").read_text())
+    for pid_file in b.glob("worker-rank*.pid"):
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    # Node a's stop arrives late, at any moment of its worker's shutdown: keep sending it
+    # until the worker is gone, as a slow SSH connection could deliver it at any of them.
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while launches[0].proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid_a, signal.SIGTERM)
+        time.sleep(0.01)
+    assert [la.wait() for la in launches] == [0, 0], [la.output()[-3000:] for la in launches]
+    for la in launches:
+        out = la.output()
+        assert out.count("torchrig: rank") == 1, out[-3000:]  # no second worker group
+        assert "on SIGTERM" in out and "exitcode" not in out, out[-3000:]
+    assert not (a / "summary.json").exists() and not (b / "summary.json").exists()

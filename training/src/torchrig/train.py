@@ -433,6 +433,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"torchrig-train: error: {e}", file=sys.stderr, flush=True)
         return 2
     finally:
+        # A stop reaches the nodes a moment apart, so a worker that has already saved
+        # and is exiting can still be sent SIGTERM. Python's shutdown puts the default
+        # action back for signals it handled (not for ignored ones): the late signal
+        # would kill the worker, torchrun would count a failure and restart the group.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         pid_file.unlink(missing_ok=True)
         dist.teardown()
 
