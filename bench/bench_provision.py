@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+from ansible_cli import ansible, on_nodes
+
 COUNTER_TABLE = "torchrig_bench"
 
 
@@ -55,30 +53,9 @@ class Run:
         return self.controller_bytes + sum(self.node_bytes)
 
 
-def run(cmd: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run an Ansible command from the repository root; stop the bench on failure."""
-    proc = subprocess.run([str(BIN / cmd[0]), *cmd[1:]], cwd=REPO, capture_output=True, text=True,
-                          check=False, env={**os.environ, **(env or {})})
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}{proc.stderr[-2000:]}")
-    return proc
-
-
 def changed_total(recap: str) -> int:
     """Sum of changed= over the PLAY RECAP lines."""
     return sum(int(n) for n in re.findall(r"\bchanged=(\d+)", recap.split("PLAY RECAP")[-1]))
-
-
-def on_nodes(nodes: int, shell: str) -> dict[str, str]:
-    """Run a shell line as root on the first N nodes; node name -> stdout."""
-    proc = run(["ansible", f"cluster[0:{nodes - 1}]", "-b", "-m", "ansible.builtin.shell", "-a", shell, "-o"])
-    out = {}
-    for line in proc.stdout.splitlines():
-        # "node1 | CHANGED | rc=0 | (stdout) 123"
-        match = re.match(r"^(\S+) \| \w+ \| rc=0 \| \(stdout\) (.*)$", line)
-        if match:
-            out[match.group(1)] = match.group(2)
-    return out
 
 
 def start_counters(nodes: int) -> None:
@@ -90,13 +67,13 @@ def start_counters(nodes: int) -> None:
         f"nft add rule inet {COUNTER_TABLE} input ip saddr != $subnet counter && "
         "echo $subnet"
     )
-    subnets = on_nodes(nodes, rules)
+    subnets = on_nodes(f"cluster[0:{nodes - 1}]", rules)
     if len(subnets) != nodes:
         sys.exit(f"could not add the byte counters on every node: {subnets}")
 
 
 def read_counters(nodes: int) -> list[int]:
-    out = on_nodes(nodes, f"nft -j list table inet {COUNTER_TABLE}")
+    out = on_nodes(f"cluster[0:{nodes - 1}]", f"nft -j list table inet {COUNTER_TABLE}")
     counts = []
     for text in out.values():
         rules = [item["rule"] for item in json.loads(text)["nftables"] if "rule" in item]
@@ -109,20 +86,20 @@ def tree_bytes(path: Path) -> int:
 
 
 def measure(nodes: int, source: str) -> Run:
-    run(["ansible-playbook", "playbooks/local-cluster.yml", "-e", "state=absent"])
-    run(["ansible-playbook", "playbooks/local-cluster.yml", "-e", f"nodes={nodes}"])
+    ansible(["ansible-playbook", "playbooks/local-cluster.yml", "-e", "state=absent"])
+    ansible(["ansible-playbook", "playbooks/local-cluster.yml", "-e", f"nodes={nodes}"])
     start_counters(nodes)
     with tempfile.TemporaryDirectory(prefix="torchrig-bench-wheelhouse-") as wheelhouse:
         # An empty wheelhouse and no pip cache: the controller downloads as on a new machine.
         args = ["-e", f"pytorch_wheelhouse_cache={wheelhouse}", "-e", f"pytorch_source={source}"]
         env = {"PIP_NO_CACHE_DIR": "1"}
         t0 = time.monotonic()
-        run(["ansible-playbook", "provision.yml", *args], env)
+        ansible(["ansible-playbook", "provision.yml", *args], env=env)
         first = time.monotonic() - t0
         controller = tree_bytes(Path(wheelhouse))
         node_bytes = read_counters(nodes)
         t0 = time.monotonic()
-        second = run(["ansible-playbook", "provision.yml", *args], env)
+        second = ansible(["ansible-playbook", "provision.yml", *args], env=env)
         second_s = time.monotonic() - t0
     return Run(nodes, first, second_s, changed_total(second.stdout), controller, node_bytes)
 

