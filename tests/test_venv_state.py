@@ -15,8 +15,8 @@ SCRIPT = REPO / "roles/pytorch/files/venv_state.py"
 PYTHON = "/usr/bin/python3"  # the nodes' system Python runs the script
 
 
-def state(venv: Path, tmp_path: Path) -> dict:
-    out = subprocess.run([PYTHON, str(SCRIPT), str(venv), str(tmp_path / "marker")],
+def state(venv: Path, tmp_path: Path, mode: str = "import") -> dict:
+    out = subprocess.run([PYTHON, str(SCRIPT), str(venv), str(tmp_path / "marker"), mode],
                          capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout)
 
@@ -85,3 +85,69 @@ def test_good_venv_reports_what_torch_says(tmp_path: Path) -> None:
     import torch
 
     assert s["torch"]["devices"] == torch.cuda.device_count()
+
+
+# --- files mode: pip's RECORD instead of an import (CPU hosts) ---------------------------
+
+def recorded_dist(venv: Path, files: dict[str, bytes]) -> Path:
+    """torch as pip leaves it: its files, then RECORD (path, hash, size) written last."""
+    (venv / "bin" / "pip").write_text("#!/bin/sh\n")
+    fake_dist(venv, "torch", "2.14.1")
+    site = site_packages(venv)
+    for rel, data in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(data)
+    rows = [f"{rel},sha256=x,{len(data)}" for rel, data in files.items()]
+    (site / "torch-2.14.1.dist-info" / "INSTALLER").write_text("pip\n")
+    (site / "torch-2.14.1.dist-info" / "RECORD").write_text("\n".join(
+        [*rows, "torch-2.14.1.dist-info/INSTALLER,sha256=x,4", "torch-2.14.1.dist-info/RECORD,,"]) + "\n")
+    return site
+
+
+TORCH_FILES = {"torch/__init__.py": b"# torch\n", "torch/lib/libtorch_cpu.so": b"\0" * 4096,
+               "torch/version.py": b"__version__ = '2.14.1+cu130'\ncuda: Optional[str] = '13.0'\n"}
+
+
+def test_files_mode_reads_versions_without_importing(tmp_path: Path) -> None:
+    venv = make_venv(tmp_path / "venv")
+    recorded_dist(venv, TORCH_FILES)
+    s = state(venv, tmp_path, "files")
+    assert s["broken"] is None, s
+    assert s["torch"] == {"torch": "2.14.1+cu130", "torchvision": "", "cuda": "13.0", "devices": None}
+
+
+def test_files_mode_finds_a_short_or_missing_file(tmp_path: Path) -> None:
+    venv = make_venv(tmp_path / "venv")
+    site = recorded_dist(venv, TORCH_FILES)
+    (site / "torch/lib/libtorch_cpu.so").write_bytes(b"\0" * 1000)  # unpacking was cut short
+    assert state(venv, tmp_path, "files")["broken"] == (
+        "torch/lib/libtorch_cpu.so of torch-2.14.1.dist-info has 1000 bytes, not 4096")
+    (site / "torch/lib/libtorch_cpu.so").unlink()
+    assert state(venv, tmp_path, "files")["broken"] == (
+        "torch/lib/libtorch_cpu.so of torch-2.14.1.dist-info is missing")
+
+
+def test_files_mode_takes_a_dist_without_record_as_unfinished(tmp_path: Path) -> None:
+    venv = make_venv(tmp_path / "venv")
+    (venv / "bin" / "pip").write_text("#!/bin/sh\n")
+    fake_dist(venv, "torch", "2.14.1")  # metadata unpacked, killed before RECORD
+    assert state(venv, tmp_path, "files")["broken"] == (
+        "torch-2.14.1.dist-info has no RECORD (its install did not finish)")
+
+
+def test_files_mode_takes_the_wheels_own_record_as_unfinished(tmp_path: Path) -> None:
+    venv = make_venv(tmp_path / "venv")
+    site = recorded_dist(venv, TORCH_FILES)
+    record = site / "torch-2.14.1.dist-info" / "RECORD"  # as unpacked, before pip rewrote it
+    record.write_text("".join(line + "\n" for line in record.read_text().splitlines()
+                              if "INSTALLER" not in line))
+    assert state(venv, tmp_path, "files")["broken"] == (
+        "torch-2.14.1.dist-info has the wheel's RECORD only (its install did not finish)")
+
+
+def test_files_mode_agrees_with_the_import_on_a_good_venv(tmp_path: Path) -> None:
+    venv = REPO / ".venv"
+    by_files, by_import = state(venv, tmp_path, "files"), state(venv, tmp_path)
+    assert by_files["broken"] is None and by_import["broken"] is None, (by_files, by_import)
+    for key in ("torch", "torchvision", "cuda"):
+        assert by_files["torch"][key] == by_import["torch"][key]

@@ -5,16 +5,28 @@ interrupted, a node crash) can leave a venv without pip, or torch's files
 half unpacked, which pip would not repair on its own.
 Runs with the system python3 on the node: pytorch/tasks/main.yml.
 
-usage: python3 venv_state.py VENV MARKER
+usage: python3 venv_state.py VENV MARKER [import|files]
+
+How the venv's torch is checked:
+- import (the default): import torch and torchvision for real, and report
+  what torch says, GPUs included. Seconds of CPU on every run.
+- files: every file pip's RECORD lists, for every package, exists at its
+  recorded size; torch's version and CUDA build are read from its files. A
+  killed install leaves a file missing or short, or a RECORD that pip has
+  not rewritten yet (it does that last). Milliseconds; used where there are no GPUs for torch to count.
 """
 
+import csv
+import glob
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 
 venv, marker = sys.argv[1], sys.argv[2]
+mode = sys.argv[3] if len(sys.argv) > 3 else "import"
 python = os.path.join(venv, "bin", "python")
 state = {
     "python": "{}.{}".format(*sys.version_info[:2]),
@@ -41,7 +53,54 @@ if state["venv"]:
 if os.path.exists(marker):
     with open(marker) as f:
         state["training_hash"] = f.read().strip()
-if state["venv"] and not state["broken"] and "torch" in state["packages"]:
+
+
+def incomplete_files(site_packages):
+    """The first problem with the files pip recorded, or None when every one is whole."""
+    for info in sorted(glob.glob(os.path.join(site_packages, "*.dist-info"))):
+        record = os.path.join(info, "RECORD")
+        if not os.path.exists(record):
+            return f"{os.path.basename(info)} has no RECORD (its install did not finish)"
+        with open(record, newline="") as f:
+            rows = [row for row in csv.reader(f) if len(row) == 3]  # path, hash, size
+        # The wheel brings a RECORD of its own; pip rewrites it last, adding the
+        # INSTALLER file and the scripts (bin/torchrun) it made.
+        if not any(path.endswith(".dist-info/INSTALLER") for path, _, _ in rows):
+            return f"{os.path.basename(info)} has the wheel's RECORD only (its install did not finish)"
+        for path, _, size in rows:
+                full = os.path.normpath(os.path.join(site_packages, path))
+                try:
+                    found = os.path.getsize(full)
+                except OSError:
+                    return f"{path} of {os.path.basename(info)} is missing"
+                if size and found != int(size):
+                    return f"{path} of {os.path.basename(info)} has {found} bytes, not {size}"
+    return None
+
+
+def torch_from_files(site_packages, packages):
+    """What the import would report, from torch's and torchvision's version.py."""
+
+    def field(package, name):
+        path = os.path.join(site_packages, package, "version.py")
+        if not os.path.exists(path):
+            return packages.get(package, "") if name == "__version__" else None
+        with open(path) as f:
+            found = re.search(rf"^{name}\b[^=]*=\s*(?:'([^']*)'|None)", f.read(), re.MULTILINE)
+        return found.group(1) if found else None
+
+    return {"torch": field("torch", "__version__"), "torchvision": field("torchvision", "__version__"),
+            "cuda": field("torch", "cuda"), "devices": None}
+
+if state["venv"] and not state["broken"] and "torch" in state["packages"] and mode == "files":
+    site = glob.glob(os.path.join(venv, "lib", "python3*", "site-packages"))[0]
+    state["broken"] = incomplete_files(site)
+    if not state["broken"]:
+        try:
+            state["torch"] = torch_from_files(site, state["packages"])
+        except OSError as e:
+            state["broken"] = f"a version file cannot be read: {e}"
+elif state["venv"] and not state["broken"] and "torch" in state["packages"]:
     # Metadata can be complete while files are not: import for real. What the
     # import reports is what the role checks against the matrix, so a run that
     # installs nothing imports torch once.
