@@ -1,5 +1,6 @@
-"""The torchrun_node module's parsing, on `ip -o -4` output: node.addr recorded from a local
-cluster node, server.addr a GPU server's layout written in the same format.
+"""The torchrun_node module's logic (module_utils/torchrun_net.py) on `ip -o -4` output:
+node.addr recorded from a local cluster node, server.addr a GPU server's layout written in
+the same format.
 
 The module itself runs in every train.yml (molecule cluster and faults scenarios); these
 cover the layouts the local cluster does not have: several NICs, docker0, VLANs, no route.
@@ -8,7 +9,7 @@ cover the layouts the local cluster does not have: several NICs, docker0, VLANs,
 import pytest
 from rolepy import FIXTURES, load
 
-node = load("roles/torchrun/library/torchrun_node.py", "torchrun_node")
+node = load("roles/torchrun/module_utils/torchrun_net.py", "torchrun_net")
 
 # A GPU server: a fast cluster NIC without the default route,
 # a VLAN, docker0.

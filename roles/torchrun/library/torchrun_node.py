@@ -9,10 +9,10 @@ module reads only what the job's settings are made of.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.torchrun_net import count_gpus, parse_addresses, parse_default_route, pick_address
 
 DOCUMENTATION = r"""
 module: torchrun_node
@@ -47,54 +47,6 @@ unit_state: {description: The unit's ActiveState (inactive when it never ran), t
 unit_template: {description: Whether systemd can load the unit (its template is installed), type: bool,
                 returned: always}
 """
-
-NVIDIA_GPUS_DIR = "/proc/driver/nvidia/gpus"
-
-
-def parse_default_route(text: str) -> tuple[str, str]:
-    """(interface, source address or '') of the first default route in `ip -o -4 route show default`."""
-    for line in text.splitlines():
-        words = line.split()
-        if words[:1] == ["default"] and "dev" in words:
-            dev = words[words.index("dev") + 1]
-            src = words[words.index("src") + 1] if "src" in words else ""
-            return dev, src
-    return "", ""
-
-
-def parse_addresses(text: str) -> dict[str, str]:
-    """{IPv4 address: interface} from `ip -o -4 addr show`."""
-    found = {}
-    for m in re.finditer(r"^\d+:\s+(\S+?)(?:@\S+)?\s+inet\s+([0-9.]+)/", text, re.MULTILINE):
-        found.setdefault(m.group(2), m.group(1))
-    return found
-
-
-def pick_address(address: str, addresses: dict[str, str], route: tuple[str, str]) -> tuple[str, str]:
-    """(address, interface) for the cluster traffic, or raise ValueError saying what is missing."""
-    if address:
-        if address not in addresses:
-            raise ValueError(f"no interface holds the cluster address {address} (this node has "
-                             f"{', '.join(sorted(addresses)) or 'no IPv4 address'})")
-        return address, addresses[address]
-    dev, src = route
-    if not dev:
-        raise ValueError("this node has no IPv4 default route: set ansible_host to its cluster address")
-    if src and addresses.get(src) == dev:
-        return src, dev
-    on_dev = [a for a, d in addresses.items() if d == dev]
-    if not on_dev:
-        raise ValueError(f"the default route's interface {dev} has no IPv4 address")
-    return on_dev[0], dev
-
-
-def count_gpus(gpus_dir: str = NVIDIA_GPUS_DIR) -> int:
-    """GPUs the loaded NVIDIA driver sees: one directory per GPU (by PCI address)."""
-    try:
-        return len([e for e in os.scandir(gpus_dir) if e.is_dir()])
-    except OSError:
-        return 0
-
 
 def main() -> None:
     module = AnsibleModule(
