@@ -68,13 +68,13 @@ def incomplete_files(site_packages):
         if not any(path.endswith(".dist-info/INSTALLER") for path, _, _ in rows):
             return f"{os.path.basename(info)} has the wheel's RECORD only (its install did not finish)"
         for path, _, size in rows:
-                full = os.path.normpath(os.path.join(site_packages, path))
-                try:
-                    found = os.path.getsize(full)
-                except OSError:
-                    return f"{path} of {os.path.basename(info)} is missing"
-                if size and found != int(size):
-                    return f"{path} of {os.path.basename(info)} has {found} bytes, not {size}"
+            full = os.path.normpath(os.path.join(site_packages, path))
+            try:
+                found = os.path.getsize(full)
+            except OSError:
+                return f"{path} of {os.path.basename(info)} is missing"
+            if size and found != int(size):
+                return f"{path} of {os.path.basename(info)} has {found} bytes, not {size}"
     return None
 
 
@@ -91,6 +91,7 @@ def torch_from_files(site_packages, packages):
 
     return {"torch": field("torch", "__version__"), "torchvision": field("torchvision", "__version__"),
             "cuda": field("torch", "cuda"), "devices": None}
+
 
 if state["venv"] and not state["broken"] and "torch" in state["packages"] and mode == "files":
     site = glob.glob(os.path.join(venv, "lib", "python3*", "site-packages"))[0]

@@ -48,6 +48,7 @@ unit_template: {description: Whether systemd can load the unit (its template is 
                 returned: always}
 """
 
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={"address": {"type": "str", "default": ""},
