@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+from ansible_cli import ansible
 
 
 def main() -> None:
@@ -33,13 +31,9 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="torchrig-bench-allreduce-") as results:
-        cmd = [str(BIN / "ansible-playbook"), "playbooks/health.yml", "-e", f"nodes={args.nodes}",
-               "-e", f"max_bytes={args.max_bytes}", "-e", f"results_dir={results}"]
-        if args.inventory:
-            cmd += ["-i", args.inventory]
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            sys.exit(f"health.yml failed (exit {proc.returncode}):\n{proc.stdout[-4000:]}")
+        ansible(["ansible-playbook", "playbooks/health.yml", "-e", f"nodes={args.nodes}",
+                 "-e", f"max_bytes={args.max_bytes}", "-e", f"results_dir={results}"],
+                args.inventory)
         report = json.loads((Path(results) / "health" / "report.json").read_text())
 
     links = {node: gbps for node, gbps in report["iperf3_gbps"].items() if gbps is not None}

@@ -15,8 +15,9 @@ SCRIPT = REPO / "roles/pytorch/files/venv_state.py"
 PYTHON = "/usr/bin/python3"  # the nodes' system Python runs the script
 
 
-def state(venv: Path, tmp_path: Path, mode: str = "import") -> dict:
-    out = subprocess.run([PYTHON, str(SCRIPT), str(venv), str(tmp_path / "marker"), mode],
+def state(venv: Path, tmp_path: Path, mode: str = "import", *leftovers: Path) -> dict:
+    out = subprocess.run([PYTHON, str(SCRIPT), str(venv), str(tmp_path / "marker"), mode,
+                          *map(str, leftovers)],
                          capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout)
 
@@ -40,6 +41,14 @@ def fake_dist(venv: Path, name: str, version: str) -> None:
 def test_no_venv_is_not_broken(tmp_path: Path) -> None:
     s = state(tmp_path / "none", tmp_path)
     assert s["venv"] is False and s["broken"] is None
+
+
+def test_reports_which_pushed_wheel_dirs_an_earlier_run_left(tmp_path: Path) -> None:
+    # The role removes only these when it pushes nothing this run.
+    left, gone = tmp_path / "wheelhouse", tmp_path / "training"
+    (left / "torch-2.14.1-cp311-none-any.whl").mkdir(parents=True)
+    assert state(tmp_path / "none", tmp_path, "files", left, gone)["leftovers"] == [str(left)]
+    assert state(tmp_path / "none", tmp_path, "files")["leftovers"] == []
 
 
 def test_venv_without_pip_is_broken(tmp_path: Path) -> None:

@@ -5,7 +5,11 @@ interrupted, a node crash) can leave a venv without pip, or torch's files
 half unpacked, which pip would not repair on its own.
 Runs with the system python3 on the node: pytorch/tasks/main.yml.
 
-usage: python3 venv_state.py VENV MARKER [import|files]
+usage: python3 venv_state.py VENV MARKER [import|files] [LEFTOVER...]
+
+LEFTOVER: paths an earlier run may have left behind (the pushed wheels);
+"leftovers" lists those that exist, so a run that pushes nothing removes
+nothing it need not look for.
 
 How the venv's torch is checked:
 - import (the default): import torch and torchvision for real, and report
@@ -27,6 +31,7 @@ import sys
 
 venv, marker = sys.argv[1], sys.argv[2]
 mode = sys.argv[3] if len(sys.argv) > 3 else "import"
+leftovers = sys.argv[4:]
 python = os.path.join(venv, "bin", "python")
 state = {
     "python": "{}.{}".format(*sys.version_info[:2]),
@@ -36,6 +41,7 @@ state = {
     "packages": {},
     "training_hash": None,
     "broken": None,
+    "leftovers": [path for path in leftovers if os.path.lexists(path)],
 }
 if state["venv"]:
     # importlib.metadata reads the dist-info files: milliseconds, where
