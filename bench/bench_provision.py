@@ -4,7 +4,9 @@
 For each node count N: a fresh local cluster of N nodes (`local-cluster.yml`,
 nodes removed and started again), then `provision.yml` twice. It prints the
 first run's time, the second (no-op) run's time and its changed count, and
-the bytes that came from outside the cluster:
+the bytes that came from outside the cluster, and the CPU seconds behind
+each run (each node's container, and the rest of the machine: the
+controller's Ansible, ssh and rsync):
 
 - controller: what `pip download` put into an empty wheelhouse (the
   wheelhouse mode downloads once for the whole cluster);
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ansible_cli import ansible, on_nodes
+from cpu_meter import CpuMeter, CpuUse
 
 COUNTER_TABLE = "torchrig_bench"
 
@@ -47,6 +50,8 @@ class Run:
     second_changed: int
     controller_bytes: int
     node_bytes: list[int]
+    first_cpu: CpuUse
+    second_cpu: CpuUse
 
     @property
     def outside_bytes(self) -> int:
@@ -93,15 +98,24 @@ def measure(nodes: int, source: str) -> Run:
         # An empty wheelhouse and no pip cache: the controller downloads as on a new machine.
         args = ["-e", f"pytorch_wheelhouse_cache={wheelhouse}", "-e", f"pytorch_source={source}"]
         env = {"PIP_NO_CACHE_DIR": "1"}
-        t0 = time.monotonic()
+        names = [f"node{i}" for i in range(1, nodes + 1)]
+        meter, t0 = CpuMeter(names), time.monotonic()
         ansible(["ansible-playbook", "provision.yml", *args], env=env)
-        first = time.monotonic() - t0
+        first, first_cpu = time.monotonic() - t0, meter.used()
         controller = tree_bytes(Path(wheelhouse))
         node_bytes = read_counters(nodes)
-        t0 = time.monotonic()
+        meter, t0 = CpuMeter(names), time.monotonic()
         second = ansible(["ansible-playbook", "provision.yml", *args], env=env)
-        second_s = time.monotonic() - t0
-    return Run(nodes, first, second_s, changed_total(second.stdout), controller, node_bytes)
+        second_s, second_cpu = time.monotonic() - t0, meter.used()
+    return Run(nodes, first, second_s, changed_total(second.stdout), controller, node_bytes,
+               first_cpu, second_cpu)
+
+
+def cpu_line(label: str, wall: float, use: CpuUse) -> str:
+    """CPU seconds of a run, and how many cores it kept busy on average."""
+    each = "/".join(f"{s:.0f}" for s in use.nodes.values())
+    return (f"      {label}: CPU s: nodes {each} (mean {use.per_node:.1f}), controller and rest "
+            f"{use.controller:.1f}, total {use.total:.1f} = {use.total / wall:.2f} cores busy")
 
 
 def main() -> None:
@@ -119,10 +133,16 @@ def main() -> None:
         r = results[n] = measure(n, args.source)
         each = "/".join(f"{b / mb:.0f}" for b in r.node_bytes)
         print(f"{n:>5} {r.first_s:>12.1f} {r.second_s:>13.1f} {r.second_changed:>8} "
-              f"{r.controller_bytes / mb:>14.1f} {each:>22} {r.outside_bytes / mb:>11.1f}", flush=True)
+              f"{r.controller_bytes / mb:>14.1f} {each:>22} {r.outside_bytes / mb:>11.1f}")
+        print(cpu_line("first run ", r.first_s, r.first_cpu))
+        print(cpu_line("second run", r.second_s, r.second_cpu), flush=True)
     if len(results) > 1:
         lo, hi = results[min(results)], results[max(results)]
         print(f"time({hi.nodes})/time({lo.nodes}), first run: {hi.first_s / lo.first_s:.2f}")
+        print(f"CPU s per node({hi.nodes})/({lo.nodes}), first run: "
+              f"{hi.first_cpu.per_node / lo.first_cpu.per_node:.2f}; second run: "
+              f"{hi.second_cpu.per_node / lo.second_cpu.per_node:.2f}")
+        print(f"time({hi.nodes})/time({lo.nodes}), second run: {hi.second_s / lo.second_s:.2f}")
         print(f"outside bytes({hi.nodes})/outside bytes({lo.nodes}): {hi.outside_bytes / lo.outside_bytes:.2f}")
 
 
