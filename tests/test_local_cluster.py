@@ -98,7 +98,18 @@ def ping(inv: Path) -> dict[str, str]:
     return {line.split()[0]: line for line in proc.stdout.splitlines() if "|" in line}
 
 
-def test_up_scale_down(inv: Path) -> None:
+def push_wheels(inv: Path, src: Path) -> dict[str, str]:
+    """Push src/ to every node as the pytorch role pushes its wheels: rsync over
+    Ansible's own SSH options (ansible.cfg's ssh_args); host name -> the pushed file's size."""
+    proc = run(["ansible", "-i", str(inv), "all", "-b", "-m", "ansible.posix.synchronize",
+                "-a", f"src={src}/ dest=/var/cache/torchrig-push/ compress=false use_ssh_args=true"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run(["ansible", "-i", str(inv), "all", "-b", "-o", "-m", "ansible.builtin.command",
+                "-a", "stat -c %s /var/cache/torchrig-push/torch.whl"])
+    return {line.split()[0]: line.split()[-1] for line in proc.stdout.splitlines() if "|" in line}
+
+
+def test_up_scale_down(inv: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     # Two nodes, reached over real SSH with strict host key checking.
     proc = cluster(inv, "-e", "nodes=2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -108,6 +119,11 @@ def test_up_scale_down(inv: Path) -> None:
     assert all('"ping": "pong"' in r for r in replies.values()), replies
     assert "StrictHostKeyChecking=yes" in (inv / "hosts.yml").read_text()
     assert len((inv / "known_hosts").read_text().splitlines()) == 2
+
+    # rsync takes ssh_args into its --rsh: the wheel push must reach both nodes.
+    wheels = tmp_path_factory.mktemp("wheels")
+    (wheels / "torch.whl").write_bytes(b"wheel" * 10000)
+    assert push_wheels(inv, wheels) == {"node1": "50000", "node2": "50000"}
 
     # A second run changes nothing.
     proc = cluster(inv, "-e", "nodes=2")
