@@ -26,15 +26,20 @@ def machine_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def container_cpu_s(container: str) -> float:
-    """CPU seconds a container's cgroup has used (cgroup v1 cpuacct or v2 cpu.stat)."""
+def cgroup_usage_file(container: str) -> Path:
+    """The file that counts a container's CPU time: cgroup v1 cpuacct.usage or v2 cpu.stat."""
     path = subprocess.run(["podman", "inspect", "--format", "{{.State.CgroupPath}}", container],
                           capture_output=True, text=True, check=True).stdout.strip().lstrip("/")
     v1 = CGROUP / "cpuacct" / path / "cpuacct.usage"
-    if v1.exists():
-        return int(v1.read_text()) / 1e9
-    stat = dict(line.split() for line in (CGROUP / path / "cpu.stat").read_text().splitlines())
-    return int(stat["usage_usec"]) / 1e6
+    return v1 if v1.exists() else CGROUP / path / "cpu.stat"
+
+
+def cgroup_cpu_s(usage_file: Path) -> float:
+    """CPU seconds counted in a cgroup v1 cpuacct.usage (ns) or v2 cpu.stat (usage_usec)."""
+    text = usage_file.read_text()
+    if usage_file.name == "cpuacct.usage":
+        return int(text) / 1e9
+    return int(dict(line.split() for line in text.splitlines())["usage_usec"]) / 1e6
 
 
 @dataclass
@@ -57,11 +62,12 @@ class CpuMeter:
     """Reads the machine and the named nodes now; `used()` gives the CPU spent since."""
 
     def __init__(self, nodes: list[str]) -> None:
-        self.containers = {n: CLUSTER_PREFIX + n for n in nodes}
+        # Found once: a podman call per reading would sit between the nodes' and the machine's.
+        self.usage_files = {n: cgroup_usage_file(CLUSTER_PREFIX + n) for n in nodes}
         self.start_machine = machine_busy_s()
-        self.start_nodes = {n: container_cpu_s(c) for n, c in self.containers.items()}
+        self.start_nodes = {n: cgroup_cpu_s(f) for n, f in self.usage_files.items()}
 
     def used(self) -> CpuUse:
-        nodes = {n: container_cpu_s(c) - self.start_nodes[n] for n, c in self.containers.items()}
+        nodes = {n: cgroup_cpu_s(f) - self.start_nodes[n] for n, f in self.usage_files.items()}
         machine = machine_busy_s() - self.start_machine
         return CpuUse(nodes, max(machine - sum(nodes.values()), 0.0))
