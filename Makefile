@@ -16,7 +16,12 @@ export PY_COLORS ?= 0
 # machine kind runs (see training/README.md) plus the package itself.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: help setup venv host image up down demo test lint pytest molecule clean
+# Every molecule scenario, or the ones named: make molecule SCENARIOS="common cluster"
+SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
+# Runs a test stage and records its wall time when TORCHRIG_STAGES names a file.
+STAGE := .ci/stage
+
+.PHONY: help setup venv host image up down demo test check lint pytest molecule clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -56,16 +61,19 @@ demo: ## Set up, start 2 nodes, provision them, train across both, print the res
 
 test: setup lint pytest molecule ## All tests: lint, Python tests, every molecule scenario
 
+check: ## Quick loop while developing: lint, Python tests, the common scenario (2 nodes)
+	$(MAKE) test SCENARIOS=common
+
 lint: setup ## yamllint, ansible-lint (production profile), ruff
-	yamllint --strict .
-	ansible-lint
-	ruff check training bench tests roles
+	$(STAGE) yamllint yamllint --strict .
+	$(STAGE) ansible-lint ansible-lint
+	$(STAGE) ruff ruff check training bench tests roles
 
 pytest: setup ## Python tests: the training package and the playbooks' logic
-	pytest -q training/tests tests
+	$(STAGE) pytest pytest -q training/tests tests
 
-molecule: image ## Every molecule scenario
-	molecule test --all
+molecule: image ## Molecule scenarios, one at a time: all, or SCENARIOS="a b"
+	for s in $(SCENARIOS); do $(STAGE) "molecule $$s" molecule test -s $$s || exit 1; done
 
 clean: down ## Remove the local cluster and the controller venv
 	rm -rf $(VENV)
