@@ -12,6 +12,8 @@ def gpu():
 SMI = [
     # fixture, count, name, compute capability, driver
     ("h100-8x.nvidia-smi", 8, "NVIDIA H100 80GB HBM3", "9.0", "580.95.05"),
+    # Captured on a real H200 (2026-12-04), the others transcribed (fixtures/gpu/README.md).
+    ("h200.nvidia-smi", 1, "NVIDIA H200", "9.0", "580.159.04"),
     ("a100-4x.nvidia-smi", 4, "NVIDIA A100-SXM4-40GB", "8.0", "570.172.08"),
     ("v100.nvidia-smi", 1, "Tesla V100-SXM2-16GB", "7.0", "535.230.02"),
     ("t4.nvidia-smi", 1, "Tesla T4", "7.5", "550.163.01"),
@@ -123,3 +125,10 @@ def test_driver_version_files(gpu):
 def test_nearest_existing(gpu, tmp_path):
     assert gpu.nearest_existing(str(tmp_path / "a" / "b")) == str(tmp_path)
     assert gpu.nearest_existing(str(tmp_path)) == str(tmp_path)
+
+
+def test_driver_version_from_a_real_h200(gpu):
+    # /proc/driver/nvidia/version as the H200's open kernel module wrote it.
+    text = fixture_text("h200.proc-driver-version")
+    assert gpu.parse_driver_version(text) == "580.159.04"
+    assert "Open Kernel Module" in text

@@ -180,6 +180,20 @@ def test_pinned_torch_only(stack, gpu, rows):
     assert (chosen["row"]["torch"], chosen["row"]["variant"]) == ("2.7.1", "cu128")
 
 
+def test_the_real_h200_gets_the_row_it_ran(stack, gpu, rows):
+    # The H200 that ran the trainer (2026-12-04): Ubuntu 24.04, driver 580.159.04, torch
+    # 2.11.0+cu130 installed. Asked for that build, with the driver managed or frozen,
+    # preflight picks the row of what the machine really runs.
+    for manage in (True, False):
+        h = host(gpu, smi="h200.nvidia-smi", os="ubuntu2404", os_name="Ubuntu 24.04.3 LTS",
+                 manage_driver=manage)
+        chosen = pick(stack, rows, [h], torch="2.11.0", variant="cu130")
+        assert chosen["problems"] == {}, chosen
+        assert (chosen["row"]["torch"], chosen["row"]["torchvision"], chosen["row"]["cuda"]) == (
+            "2.11.0", "0.26.0", "13.0")
+        assert chosen["profiles"] == {"node1": "gpu"}
+
+
 def test_driver_frozen_picks_what_the_installed_driver_runs(stack, gpu, rows):
     # Driver 570 installed and not to be touched: cu130 (580) is out, cu128 (570.26) fits.
     h = host(gpu, smi="a100-4x.nvidia-smi", manage_driver=False)

@@ -193,3 +193,16 @@ def test_stop_reaching_the_nodes_at_different_times_ends_the_job_once(tmp_path: 
         assert out.count("torchrig: rank") == 1, out[-3000:]  # no second worker group
         assert "on SIGTERM" in out and "exitcode" not in out, out[-3000:]
     assert not (a / "summary.json").exists() and not (b / "summary.json").exists()
+
+
+def test_one_process_under_torchrun_runs_the_collective_path(tmp_path: Path):
+    """A 1-process job (a 1-GPU node) makes a process group like a larger one. On an H200
+    it made none: allreduce_bench then timed no collective (180,279 GB/s for 64 MB)."""
+    out = tmp_path / "allreduce.json"
+    cmd = torchrun("--standalone", "--nproc-per-node=1", "-m", "torchrig.allreduce_bench",
+                   "--min-bytes", "1K", "--max-bytes", "4K", "--iters", "3", "--warmup", "1",
+                   "--json", str(out))
+    launch = start(cmd, tmp_path / "bench.log")
+    assert launch.wait() == 0, launch.output()[-3000:]
+    result = json.loads(out.read_text())
+    assert result["world_size"] == 1 and result["backend"] == "gloo", result

@@ -299,3 +299,19 @@ def test_clock_offset_server_gives_up_without_clients(capsys: pytest.CaptureFixt
     argv = ["serve", "--port", str(_free_port()), "--clients", "2", "--timeout", "0.3"]
     assert clock_offset.main(argv) == 1
     assert "0 of 2 clients within 0 s" in capsys.readouterr().err
+
+
+def test_auto_precision_needs_bf16_in_hardware(monkeypatch):
+    """bf16 only where the GPU computes it (8.0+), fp16 with loss scaling on 7.x (V100, T4:
+    bf16 only emulated), fp32 on older GPUs and on the CPU. On the H200 (9.0) the real
+    torch.cuda.is_bf16_supported(including_emulation=False) said True (BENCHMARKS.md)."""
+    from torchrig.train import auto_precision
+
+    assert auto_precision(torch.device("cpu")) == "fp32"
+    for capability, hardware_bf16, expected in [((9, 0), True, "bf16"), ((8, 0), True, "bf16"),
+                                                ((7, 5), False, "fp16"), ((7, 0), False, "fp16"),
+                                                ((6, 1), False, "fp32")]:
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                            lambda including_emulation=True, hw=hardware_bf16: hw or including_emulation)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert auto_precision(torch.device("cuda", 0)) == expected, capability

@@ -179,6 +179,18 @@ def evaluate(model: torch.nn.Module, data: Data, env: DistEnv, batch_size: int,
     return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
 
 
+def auto_precision(device: torch.device) -> str:
+    """bf16 where the GPU has it in hardware (Ampere, 8.0, and newer), fp16 with loss
+    scaling on Volta and Turing (7.x: fast fp16, bf16 only emulated), fp32 below and on CPU.
+
+    torch.cuda.is_bf16_supported() alone counts emulation, and is true on a V100 or T4."""
+    if device.type != "cuda":
+        return "fp32"
+    if torch.cuda.is_bf16_supported(including_emulation=False):
+        return "bf16"
+    return "fp16" if torch.cuda.get_device_capability(device) >= (7, 0) else "fp32"
+
+
 def seed_everything(seed: int) -> None:
     # Every rank uses the same seed: identical initial weights, and one saved RNG state
     # (written by any node) restores every rank.
@@ -234,8 +246,7 @@ def train(cfg: Config, env: DistEnv) -> int:
 
     precision = cfg.precision
     if precision == "auto":
-        precision = ("bf16" if env.device.type == "cuda" and torch.cuda.is_bf16_supported()
-                     else "fp32")
+        precision = auto_precision(env.device)
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     autocast = partial(torch.autocast, env.device.type, dtype=amp_dtype,
                        enabled=amp_dtype is not None)
@@ -299,6 +310,7 @@ def train(cfg: Config, env: DistEnv) -> int:
     window = torch.zeros(3, device=env.device)  # loss sum, correct, samples (this rank)
     window_steps, window_t0 = 0, time.perf_counter()
     train_time, train_samples = 0.0, 0
+    window_rates: list[float] = []  # samples/s of each logged window, for the steady rate
     saved_step, eval_step, result = None, None, None
     stopped = False
 
@@ -311,6 +323,7 @@ def train(cfg: Config, env: DistEnv) -> int:
         samples = window_steps * global_batch
         train_time += dt
         train_samples += samples
+        window_rates.append(samples / dt)
         if out is not None:
             # epoch: epochs done, fractional, as in the eval records (1.0 = end of the first)
             out.record({"split": "train", "step": step,
@@ -399,6 +412,9 @@ def train(cfg: Config, env: DistEnv) -> int:
             "accuracy": result[1], "loss": result[0], "world_size": env.world_size,
             "epochs": cfg.epochs, "steps": step, "global_batch": global_batch,
             "samples_per_s": train_samples / train_time if train_time else None,
+            # The median window after the first: the first holds cuDNN autotuning and
+            # torch.compile, which on a GPU can cost more than a short run's training.
+            "samples_per_s_steady": float(np.median(window_rates[1:])) if len(window_rates) > 1 else None,
             "resumed_from_step": resumed_from, "nodes": hosts,
             "duration_s": time.perf_counter() - t_start, "dataset": cfg.dataset,
             "model": cfg.model, "precision": precision, "threads_per_process": env.threads,
