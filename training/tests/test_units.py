@@ -311,7 +311,10 @@ def test_auto_precision_needs_bf16_in_hardware(monkeypatch):
     for capability, hardware_bf16, expected in [((9, 0), True, "bf16"), ((8, 0), True, "bf16"),
                                                 ((7, 5), False, "fp16"), ((7, 0), False, "fp16"),
                                                 ((6, 1), False, "fp32")]:
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported",
-                            lambda including_emulation=True, hw=hardware_bf16: hw or including_emulation)
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        def bf16(including_emulation: bool = True, hw: bool = hardware_bf16) -> bool:
+            return hw or including_emulation
+
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", bf16)
+        monkeypatch.setattr(torch.cuda, "get_device_capability",
+                            lambda device=None, c=capability: c)
         assert auto_precision(torch.device("cuda", 0)) == expected, capability

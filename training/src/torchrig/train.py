@@ -414,7 +414,8 @@ def train(cfg: Config, env: DistEnv) -> int:
             "samples_per_s": train_samples / train_time if train_time else None,
             # The median window after the first: the first holds cuDNN autotuning and
             # torch.compile, which on a GPU can cost more than a short run's training.
-            "samples_per_s_steady": float(np.median(window_rates[1:])) if len(window_rates) > 1 else None,
+            "samples_per_s_steady": (float(np.median(window_rates[1:]))
+                                     if len(window_rates) > 1 else None),
             "resumed_from_step": resumed_from, "nodes": hosts,
             "duration_s": time.perf_counter() - t_start, "dataset": cfg.dataset,
             "model": cfg.model, "precision": precision, "threads_per_process": env.threads,
