@@ -20,12 +20,8 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 # Runs a test stage and records its wall time when TORCHRIG_STAGES names a file.
 STAGE := .ci/stage
-# Scenarios whose time goes to Ansible on the controller, about one core: make
-# test runs them beside pytest, whose time goes to torch. The others train or
-# install torch on every node, and run alone afterwards.
-BESIDE_PYTEST := common cuda firewall nvidia_driver preflight ssh_trust
 
-.PHONY: help setup venv host image up down demo test check lint pytest molecule molecule-beside-pytest clean
+.PHONY: help setup venv host image up down demo test check lint pytest molecule clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -63,9 +59,7 @@ demo: ## Set up, start 2 nodes, provision them, train across both, print the res
 	ansible-playbook provision.yml
 	ansible-playbook train.yml -e nodes=2
 
-test: setup lint image ## All tests: lint, Python tests, every molecule scenario
-	$(STAGE) "pytest | light scenarios" $(MAKE) --jobs=2 --output-sync=recurse pytest molecule-beside-pytest
-	$(MAKE) molecule SCENARIOS="$(filter-out $(BESIDE_PYTEST),$(SCENARIOS))"
+test: setup lint pytest molecule ## All tests: lint, Python tests, every molecule scenario
 
 check: ## Quick loop while developing: lint, Python tests, the common scenario (2 nodes)
 	$(MAKE) test SCENARIOS=common
@@ -80,9 +74,6 @@ pytest: setup ## Python tests: the training package and the playbooks' logic
 
 molecule: image ## Molecule scenarios, one at a time: all, or SCENARIOS="a b"
 	for s in $(SCENARIOS); do $(STAGE) "molecule $$s" molecule test -s $$s || exit 1; done
-
-molecule-beside-pytest: image
-	$(MAKE) molecule SCENARIOS="$(filter $(BESIDE_PYTEST),$(SCENARIOS))"
 
 clean: down ## Remove the local cluster and the controller venv
 	rm -rf $(VENV)
