@@ -2,7 +2,7 @@
 node.addr recorded from a local cluster node, server.addr a GPU server's layout written in
 the same format.
 
-The module itself runs in every train.yml (molecule cluster and faults scenarios); these
+The module itself runs in every train.yml (the molecule cluster scenario); these
 cover the layouts the local cluster does not have: several NICs, docker0, VLANs, no route.
 """
 

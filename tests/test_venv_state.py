@@ -1,6 +1,6 @@
 """roles/pytorch/files/venv_state.py tells a broken venv (an install killed halfway)
 from a good one, so the pytorch role removes it and installs again. The kill itself is
-caused for real in molecule/faults (prepare); these are the states it can leave.
+caused for real in the molecule cluster scenario (prepare); these are the states it can leave.
 """
 
 from __future__ import annotations

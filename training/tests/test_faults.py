@@ -1,7 +1,8 @@
 """Faults one machine can inject: a checkpoint writer SIGKILLed mid-write, many times,
 and a full disk under the run directory. The cluster faults (a worker or the whole
-service killed, a node stopped, provisioning killed) are in molecule/faults; the list of
-what is promised and which test shows it is RELIABILITY.md.
+service killed, a node stopped, provisioning killed) are in the molecule cluster
+scenario (molecule/cluster/faults.yml); the list of what is promised and which test
+shows it is RELIABILITY.md.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 # at that moment: then the fault could not be injected mid-job.
 set -u
 job=$1 fault=$2
-node=torchrig-m-faults-node2
+node=torchrig-m-cluster-node2
 run=/var/lib/torchrig/runs/$job
 unit=torchrig-job@$job.service
 start=$SECONDS
@@ -40,7 +40,7 @@ case $fault in
     container)
         # A real node keeps its address across a reboot (static or reserved);
         # podman would hand out a new one, which the peers' firewalls drop.
-        net=torchrig-m-faults
+        net=torchrig-m-cluster
         ip=$(podman inspect --format "{{(index .NetworkSettings.Networks \"$net\").IPAddress}}" "$node")
         mac=$(podman inspect --format "{{(index .NetworkSettings.Networks \"$net\").MacAddress}}" "$node")
         t0=$SECONDS

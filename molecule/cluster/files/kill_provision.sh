@@ -10,7 +10,7 @@
 # minutes pass before that phase: the fault could not be injected.
 set -u
 phase=$1 log=$2
-nodes=(torchrig-m-faults-node1 torchrig-m-faults-node2)
+nodes=(torchrig-m-cluster-node1 torchrig-m-cluster-node2)
 site=/opt/torchrig/venv/lib/python3.11/site-packages
 
 reached() {
