@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -98,11 +99,17 @@ def ping(inv: Path) -> dict[str, str]:
     return {line.split()[0]: line for line in proc.stdout.splitlines() if "|" in line}
 
 
-def push_wheels(inv: Path, src: Path) -> dict[str, str]:
+def push(inv: Path, src: Path) -> subprocess.CompletedProcess[str]:
     """Push src/ to every node as the pytorch role pushes its wheels: rsync over
-    Ansible's own SSH options (ansible.cfg's ssh_args); host name -> the pushed file's size."""
-    proc = run(["ansible", "-i", str(inv), "all", "-b", "-m", "ansible.posix.synchronize",
-                "-a", f"src={src}/ dest=/var/cache/torchrig-push/ compress=false use_ssh_args=true"])
+    Ansible's own SSH options (ansible.cfg's ssh_args), host keys checked."""
+    return run(["ansible", "-i", str(inv), "all", "-b", "-m", "ansible.posix.synchronize",
+                "-a", f"src={src}/ dest=/var/cache/torchrig-push/ compress=false use_ssh_args=true"
+                " verify_host=true"])
+
+
+def push_wheels(inv: Path, src: Path) -> dict[str, str]:
+    """push(), then host name -> the pushed file's size on that node."""
+    proc = push(inv, src)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = run(["ansible", "-i", str(inv), "all", "-b", "-o", "-m", "ansible.builtin.command",
                 "-a", "stat -c %s /var/cache/torchrig-push/torch.whl"])
@@ -124,6 +131,15 @@ def test_up_scale_down(inv: Path, tmp_path_factory: pytest.TempPathFactory) -> N
     wheels = tmp_path_factory.mktemp("wheels")
     (wheels / "torch.whl").write_bytes(b"wheel" * 10000)
     assert push_wheels(inv, wheels) == {"node1": "50000", "node2": "50000"}
+    # ...and checks the nodes' host keys: with node2's key swapped for node1's in
+    # known_hosts, the push to node2 is refused.
+    known = (inv / "known_hosts").read_text()
+    keys = [line.split(None, 1) for line in known.splitlines()]
+    (inv / "known_hosts").write_text(f"{keys[0][0]} {keys[0][1]}\n{keys[1][0]} {keys[0][1]}\n")
+    refused = push(inv, wheels)
+    (inv / "known_hosts").write_text(known)
+    assert refused.returncode != 0 and "Host key verification failed" in refused.stdout + refused.stderr, (
+        refused.stdout + refused.stderr)
 
     # A second run changes nothing.
     proc = cluster(inv, "-e", "nodes=2")
