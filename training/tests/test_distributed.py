@@ -136,21 +136,26 @@ def test_sigterm_then_resume_across_nodes_with_corrupt_checkpoint(reference_run:
     assert summary["resumed_from_step"] == q
 
 
-def test_allreduce_bench_two_ranks(tmp_path: Path):
+def run_allreduce_bench(tmp_path: Path, nproc: int, max_bytes: str) -> tuple[dict, str]:
+    """allreduce_bench under torchrun on loopback: its JSON result and its output."""
     out = tmp_path / "allreduce.json"
-    cmd = torchrun("--standalone", "--nproc-per-node=2", "-m", "torchrig.allreduce_bench",
-                   "--min-bytes", "1K", "--max-bytes", "64K", "--iters", "3", "--warmup", "1",
+    cmd = torchrun("--standalone", f"--nproc-per-node={nproc}", "-m", "torchrig.allreduce_bench",
+                   "--min-bytes", "1K", "--max-bytes", max_bytes, "--iters", "3", "--warmup", "1",
                    "--json", str(out))
     launch = start(cmd, tmp_path / "bench.log")
     assert launch.wait() == 0, launch.output()[-3000:]
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text()), launch.output()
+
+
+def test_allreduce_bench_two_ranks(tmp_path: Path):
+    result, output = run_allreduce_bench(tmp_path, 2, "64K")
     assert result["world_size"] == 2 and result["backend"] == "gloo"
     assert [r["bytes"] for r in result["results"]] == [1024 << i for i in range(7)]
     for r in result["results"]:
         assert r["time_us"] > 0
         assert abs(r["algbw_GBps"] * 1e9 * r["time_us"] * 1e-6 / r["bytes"] - 1) < 1e-9
         assert r["busbw_GBps"] == r["algbw_GBps"]  # 2 (n - 1) / n = 1 for n = 2
-    assert "busbw(GB/s)" in launch.output()
+    assert "busbw(GB/s)" in output
 
 
 def test_node_with_empty_disk_gets_the_checkpoint_sent(reference_run: Path, tmp_path: Path):
@@ -198,11 +203,5 @@ def test_stop_reaching_the_nodes_at_different_times_ends_the_job_once(tmp_path: 
 def test_one_process_under_torchrun_runs_the_collective_path(tmp_path: Path):
     """A 1-process job (a 1-GPU node) makes a process group like a larger one. On an H200
     it made none: allreduce_bench then timed no collective (180,279 GB/s for 64 MB)."""
-    out = tmp_path / "allreduce.json"
-    cmd = torchrun("--standalone", "--nproc-per-node=1", "-m", "torchrig.allreduce_bench",
-                   "--min-bytes", "1K", "--max-bytes", "4K", "--iters", "3", "--warmup", "1",
-                   "--json", str(out))
-    launch = start(cmd, tmp_path / "bench.log")
-    assert launch.wait() == 0, launch.output()[-3000:]
-    result = json.loads(out.read_text())
+    result, _ = run_allreduce_bench(tmp_path, 1, "4K")
     assert result["world_size"] == 1 and result["backend"] == "gloo", result
