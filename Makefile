@@ -90,7 +90,7 @@ pytest: setup ## Python tests: the training package and the playbooks' logic
 	$(STAGE) pytest pytest -q training/tests tests
 
 molecule: image ## Molecule scenarios, one at a time: all, or SCENARIOS="a b"
-	for s in $(SCENARIOS); do $(STAGE) "molecule $$s" molecule test -s $$s || exit 1; done
+	for s in $(SCENARIOS); do $(STAGE) "molecule $$s" molecule/shared/run-scenario.sh $$s || exit 1; done
 
 clean: down ## Remove the local cluster and the link to the controller venv (its cache stays)
 	rm -rf $(VENV) .venv.stamp
