@@ -6,6 +6,7 @@
 #   worker     SIGKILL to the job's worker process (its worker-rank*.pid)
 #   service    systemctl kill -s KILL: every process of the unit at once
 #   container  podman stop (systemd shuts the node down), then podman start
+#   power      podman kill (no shutdown: a power loss), podman start 15 s later
 # Exits 1 when no checkpoint appears within 300 s or the job is not running
 # at that moment: then the fault could not be injected mid-job.
 set -u
@@ -37,18 +38,28 @@ case $fault in
     service)
         podman exec "$node" systemctl kill --signal=KILL "$unit" || exit 1
         done="systemctl kill --signal=KILL $unit" ;;
-    container)
+    container|power)
         # A real node keeps its address across a reboot (static or reserved);
         # podman would hand out a new one, which the peers' firewalls drop.
         net=torchrig-m-cluster
         ip=$(podman inspect --format "{{(index .NetworkSettings.Networks \"$net\").IPAddress}}" "$node")
         mac=$(podman inspect --format "{{(index .NetworkSettings.Networks \"$net\").MacAddress}}" "$node")
         t0=$SECONDS
-        podman stop --time 120 "$node" >/dev/null || exit 1
+        if [ "$fault" = power ]; then
+            killed_at=$(date +%s.%N)
+            podman kill --signal KILL "$node" >/dev/null || exit 1
+            sleep 15
+        else
+            podman stop --time 120 "$node" >/dev/null || exit 1
+        fi
         stopped=$((SECONDS - t0))
         podman network disconnect "$net" "$node" && podman network connect --ip "$ip" --mac-address "$mac" "$net" "$node" || exit 1
         podman start "$node" >/dev/null || exit 1
-        done="podman stop (took ${stopped} s), podman start (address $ip kept)" ;;
+        if [ "$fault" = power ]; then
+            done="podman kill at ${killed_at}, podman start ${stopped} s later (address $ip kept)"
+        else
+            done="podman stop (took ${stopped} s), podman start (address $ip kept)"
+        fi ;;
     *) echo "unknown fault $fault" >&2; exit 2 ;;
 esac
 printf '{"job": "%s", "fault": "%s", "checkpoint_step": %s, "waited_s": %s, "done": "%s"}\n' \

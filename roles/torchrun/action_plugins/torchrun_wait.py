@@ -30,9 +30,9 @@ def progress_line(job: str, host: str, state: dict, metrics: dict) -> str:
 
 
 class ActionModule(ActionBase):
-    """torchrun_wait: job, unit, metrics, poll_interval, progress_every, timeout."""
+    """torchrun_wait: job, unit, metrics, run_dir, poll_interval, progress_every, timeout."""
 
-    _VALID_ARGS = frozenset(("job", "unit", "metrics", "poll_interval", "progress_every", "timeout"))
+    _VALID_ARGS = frozenset(("job", "unit", "metrics", "run_dir", "poll_interval", "progress_every", "timeout"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -48,7 +48,8 @@ class ActionModule(ActionBase):
             remaining = timeout - (time.monotonic() - start)
             out = self._execute_module(
                 module_name="torchrun_job_state",
-                module_args={"unit": unit, "metrics": metrics_path, "poll_interval": poll,
+                module_args={"unit": unit, "metrics": metrics_path, "run_dir": args.get("run_dir"),
+                             "poll_interval": poll,
                              "max_seconds": max(0.0, min(every, remaining))},
                 task_vars=task_vars)
             if out.get("failed"):
@@ -59,5 +60,6 @@ class ActionModule(ActionBase):
             if not out["running"] or time.monotonic() - start >= timeout:
                 break
         result.update(changed=False, state=out["state"], metrics=out["metrics"], running=out["running"],
+                      ended=out.get("ended", {}),
                       polls=polls, progress_lines=lines, waited_s=round(time.monotonic() - start, 1))
         return result

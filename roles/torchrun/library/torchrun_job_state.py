@@ -9,6 +9,7 @@ one SSH round trip per line however short the poll interval is.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 
@@ -27,6 +28,7 @@ options:
   metrics: {description: The job's metrics.jsonl on this node., type: path, required: true}
   poll_interval: {description: Seconds between polls., type: float, default: 5}
   max_seconds: {description: Return after this many seconds even if the job still runs., type: float, default: 30}
+  run_dir: {description: The job's run directory (its fatal.json or ended.json says why it ended)., type: path}
 """
 
 RETURN = r"""
@@ -40,10 +42,18 @@ running:
   returned: always
 metrics: {description: The newest metrics record on this node ({} before the first), type: dict, returned: always}
 polls: {description: How many times systemd was asked, type: int, returned: always}
+ended:
+  description: >-
+    fatal.json (a worker's usage, import or missing-file error) or ended.json
+    (nodes that did not join) from the run directory, with the file's name; {} when neither.
+  type: dict
+  returned: always
 """
 
 RUNNING = ("active", "activating", "deactivating", "reloading")
 PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "StateChangeTimestamp")
+# Written by torchrig.worker and torchrig.launch on the node when a job ends for good.
+END_FILES = ("fatal.json", "ended.json")
 
 
 def unit_state(unit: str) -> dict[str, str]:
@@ -73,12 +83,26 @@ def last_metrics(path: str) -> dict:
     return {}
 
 
+def ended_for_good(run_dir: str | None) -> dict:
+    """The first of END_FILES in run_dir, parsed, with its name under "file"; {} if none."""
+    for name in END_FILES if run_dir else ():
+        try:
+            with open(os.path.join(run_dir, name)) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict):
+            return dict(record, file=name)
+    return {}
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={"unit": {"type": "str", "required": True},
                        "metrics": {"type": "path", "required": True},
                        "poll_interval": {"type": "float", "default": 5},
-                       "max_seconds": {"type": "float", "default": 30}},
+                       "max_seconds": {"type": "float", "default": 30},
+                       "run_dir": {"type": "path"}},
         supports_check_mode=True,
     )
     p = module.params
@@ -95,7 +119,7 @@ def main() -> None:
             break
         time.sleep(p["poll_interval"])
     module.exit_json(changed=False, state=state, running=running, polls=polls,
-                     metrics=last_metrics(p["metrics"]))
+                     metrics=last_metrics(p["metrics"]), ended=ended_for_good(p["run_dir"]))
 
 
 if __name__ == "__main__":

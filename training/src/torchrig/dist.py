@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -46,6 +47,25 @@ def launched_by_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ and "MASTER_ADDR" in os.environ
 
 
+def pg_timeout() -> timedelta | None:
+    """TORCHRIG_PG_TIMEOUT seconds, or None for torch's default (10 min NCCL, 30 gloo).
+
+    It bounds how long the ranks wait in a collective for a node that died without a
+    word (power loss, kernel panic): then the worker fails, torchrun goes back to
+    rendezvous, and the job waits there for the node to return (job unit, join_timeout).
+    """
+    value = os.environ.get("TORCHRIG_PG_TIMEOUT", "")
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"TORCHRIG_PG_TIMEOUT must be seconds, got {value!r}") from None
+    if seconds <= 0:
+        raise ValueError(f"TORCHRIG_PG_TIMEOUT must be above 0 seconds, got {value!r}")
+    return timedelta(seconds=seconds)
+
+
 def setup(threads: int = 0) -> DistEnv:
     """Read torchrun's environment, pick the device and backend, set the thread count."""
     rank = int(os.environ.get("RANK", 0))
@@ -72,11 +92,12 @@ def setup(threads: int = 0) -> DistEnv:
     # NCCL path as a larger one (measured on an H200: without it allreduce_bench timed no
     # collective at all). A plain `python -m torchrig.train` stays group-free.
     if world_size > 1 or launched_by_torchrun():
+        timeout = pg_timeout()
         if backend == "nccl":
-            dist.init_process_group("nccl", device_id=device)
+            dist.init_process_group("nccl", device_id=device, timeout=timeout)
         else:
-            dist.init_process_group("gloo")
-        env.control_group = dist.new_group(backend="gloo")
+            dist.init_process_group("gloo", timeout=timeout)
+        env.control_group = dist.new_group(backend="gloo", timeout=timeout)
         env.backend = backend
     return env
 

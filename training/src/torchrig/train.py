@@ -33,6 +33,7 @@ from .data import Data, UsageError, load_dataset
 from .dist import DistEnv
 from .models import build_model
 from .plot import plot_metrics
+from .worker import STOP_REQUESTED_ENV
 
 log = logging.getLogger("torchrig")
 
@@ -57,7 +58,9 @@ class StopRequest:
     """
 
     def __init__(self, env: DistEnv) -> None:
-        self.requested = False
+        # A SIGTERM before this point (during rendezvous or set-up) was kept by
+        # torchrig.worker; it counts as a request now.
+        self.requested = os.environ.get(STOP_REQUESTED_ENV) == "1"
         self.env = env
         self.flag = torch.zeros(1, dtype=torch.int32)
         self.pending = None

@@ -1,0 +1,165 @@
+"""What every worker of a torchrig job runs first, then the job's own entry point.
+
+    torchrun ... -m torchrig.worker SCRIPT.py [ARGS...]
+    torchrun ... -m torchrig.worker -m MODULE [ARGS...]
+
+Two things torchrun cannot do by itself:
+
+- A SIGTERM that arrives before the entry point has set its own handler (a stop
+  during rendezvous or while torch imports) is kept instead of killing the process.
+  Killed by the signal, the worker counted as failed and torchrun restarted the worker
+  group in the middle of `systemctl stop`. torchrig's trainer reads the kept request
+  (TORCHRIG_STOP_REQUESTED) and checkpoints at its first step; any other entry point ends at
+  once with status 0, as a stopped job.
+- A failure that would fail the same way on every retry (a usage error, an import or
+  syntax error, a missing file) ends the job at once: its lines go to fatal.json in the
+  run directory and the worker ends its launcher with SIGUSR2, which the job's unit does
+  not restart (RestartPreventExitStatus). Retrying would cost torchrun's restarts and
+  systemd's, over a minute, before anyone saw the error. Any other failure propagates
+  as before, and torchrun and systemd retry it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import signal
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import FrameType
+
+FATAL_FILE = "fatal.json"
+USAGE_EXIT_STATUS = 2  # argparse's, and torchrig.train's
+# Errors that come back unchanged on a retry of the same code and files.
+DETERMINISTIC = (SyntaxError, ImportError, FileNotFoundError, NotADirectoryError, IsADirectoryError)
+
+# Set in the environment, not a module variable: `python -m torchrig.worker` runs this
+# file as __main__, so the trainer's `import torchrig.worker` would get a fresh copy.
+STOP_REQUESTED_ENV = "TORCHRIG_STOP_REQUESTED"
+
+
+def _keep_sigterm(signum: int, frame: FrameType | None) -> None:
+    os.environ[STOP_REQUESTED_ENV] = "1"
+
+
+def _stop_plain_entry(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def fatal_record(kind: str, status: int, lines: list[str]) -> dict:
+    """What fatal.json holds: enough for train.yml to say what failed, where, and how."""
+    return {
+        "kind": kind,
+        "exit_status": status,
+        "node": socket.gethostname(),
+        "rank": int(os.environ.get("RANK", 0)),
+        "time": time.time(),
+        "lines": [line.rstrip("\n") for chunk in lines for line in chunk.splitlines()],
+    }
+
+
+def write_fatal(run_dir: Path, record: dict) -> None:
+    """Write fatal.json once per node: the first rank to fail deterministically wins."""
+    path = run_dir / FATAL_FILE
+    tmp = run_dir / f".{FATAL_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    try:
+        os.link(tmp, path)  # fails if another rank wrote it first
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+
+
+def classify(exc: BaseException) -> tuple[str, int] | None:
+    """(kind, exit status) for a failure that a retry would repeat; None for any other."""
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code == USAGE_EXIT_STATUS:
+            return "usage error", USAGE_EXIT_STATUS
+        return None
+    if isinstance(exc, SyntaxError):
+        return "syntax error", 1
+    if isinstance(exc, ImportError):
+        return "import error", 1
+    if isinstance(exc, DETERMINISTIC):
+        return "missing file", 1
+    return None
+
+
+def end_launcher() -> None:
+    """Stop torchrun (this worker's parent) without a restart by torchrun or systemd."""
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        os.kill(os.getppid(), signal.SIGUSR2)
+
+
+class StderrTail:
+    """sys.stderr that also keeps its last lines: argparse prints a usage error there."""
+
+    def __init__(self, stream, keep: int = 40) -> None:  # type: ignore[no-untyped-def]
+        self.stream = stream
+        self.keep = keep
+        self.text = ""
+
+    def write(self, text: str) -> int:
+        self.text = "\n".join((self.text + text).split("\n")[-self.keep - 1:])
+        return self.stream.write(text)
+
+    def lines(self) -> list[str]:
+        return [line for line in self.text.split("\n") if line.strip()]
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.stream, name)
+
+
+def run_entry(argv: list[str]) -> None:
+    """Run SCRIPT.py or -m MODULE with the rest as its arguments, as `python` would."""
+    if not argv or argv[0] in ("-h", "--help"):
+        raise SystemExit(__doc__)
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise SystemExit("torchrig.worker: -m needs a module name")
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        sys.path.insert(0, str(Path(argv[0]).resolve().parent))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    torchrig_entry = argv[:2] == ["-m", "torchrig.train"]
+    # torchrig's trainer checkpoints on a kept request; a script that never sets a
+    # handler of its own just ends, with status 0 so that torchrun does not restart it.
+    signal.signal(signal.SIGTERM, _keep_sigterm if torchrig_entry else _stop_plain_entry)
+    tail = StderrTail(sys.stderr)
+    sys.stderr = tail
+    try:
+        run_entry(argv)
+    except BaseException as exc:
+        found = classify(exc)
+        if found is None:
+            raise
+        kind, status = found
+        lines = tail.lines() if isinstance(exc, SystemExit) else traceback.format_exception(exc)
+        sys.stderr = tail.stream
+        run_dir = Path(os.environ.get("TORCHRIG_RUN_DIR", "."))
+        write_fatal(run_dir, fatal_record(kind, status, lines))
+        sys.stderr.write(f"torchrig: {kind} (exit status {status}); a retry would fail the same "
+                         "way, so the job ends without one.\n")
+        sys.stderr.flush()
+        if not isinstance(exc, SystemExit):
+            sys.stderr.writelines(lines)
+            sys.stderr.flush()
+        end_launcher()
+        return status
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""torchrig.worker and torchrig.launch: how a job ends when a retry cannot help.
+
+Real processes: the worker runs real scripts; the launcher is real torchrun waiting at a
+real c10d rendezvous on loopback for a node that never comes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from launch import child_env, free_port
+from torchrig import launch, worker
+
+USAGE_SCRIPT = """\
+import argparse
+p = argparse.ArgumentParser()
+p.add_argument("epochs", type=int)
+p.add_argument("--batch_size", type=int, required=True)
+p.parse_args()
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def run_worker(tmp_path: Path, *args: str, env: dict | None = None, timeout: float = 60):
+    env = {**child_env(), "TORCHRIG_RUN_DIR": str(tmp_path), **(env or {})}
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    return subprocess.run([sys.executable, "-m", "torchrig.worker", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def fatal(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / worker.FATAL_FILE).read_text())
+
+
+def test_a_usage_error_is_recorded_with_its_lines(tmp_path):
+    script = write(tmp_path / "train.py", USAGE_SCRIPT)
+    done = run_worker(tmp_path, str(script), "10")
+    assert done.returncode == 2
+    record = fatal(tmp_path)
+    assert record["kind"] == "usage error" and record["exit_status"] == 2
+    assert record["lines"] == [
+        "usage: train.py [-h] --batch_size BATCH_SIZE epochs",
+        "train.py: error: the following arguments are required: --batch_size"]
+    assert "a retry would fail the same way" in done.stderr
+
+
+def test_an_import_error_is_recorded_with_its_traceback(tmp_path):
+    script = write(tmp_path / "train.py", "import torchrig_no_such_module\n")
+    done = run_worker(tmp_path, str(script))
+    assert done.returncode == 1
+    record = fatal(tmp_path)
+    assert record["kind"] == "import error"
+    assert record["lines"][0] == "Traceback (most recent call last):"
+    assert record["lines"][-1] == "ModuleNotFoundError: No module named 'torchrig_no_such_module'"
+
+
+def test_a_missing_entry_module_is_fatal(tmp_path):
+    done = run_worker(tmp_path, "-m", "torchrig_no_such_entry")
+    assert done.returncode == 1
+    assert fatal(tmp_path)["kind"] == "import error"
+
+
+def test_any_other_failure_is_left_to_torchrun_to_retry(tmp_path):
+    script = write(tmp_path / "train.py", "raise RuntimeError('the network blinked')\n")
+    done = run_worker(tmp_path, str(script))
+    assert done.returncode == 1
+    assert "RuntimeError: the network blinked" in done.stderr
+    assert not (tmp_path / worker.FATAL_FILE).exists()
+
+
+def test_the_script_gets_its_arguments_and_directory_on_the_path(tmp_path):
+    write(tmp_path / "helper.py", "VALUE = 'from the script directory'\n")
+    script = write(tmp_path / "train.py", """\
+        import sys, helper
+        print(sys.argv[1:], helper.VALUE, __name__)
+    """)
+    done = run_worker(tmp_path, str(script), "10", "--batch_size", "32")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['10', '--batch_size', '32'] from the script directory __main__"
+
+
+def test_a_deterministic_failure_ends_the_launcher_without_a_retry(tmp_path):
+    """Under torchrun the worker ends its parent (torchrun) with SIGUSR2, which the job
+    unit does not restart; here the parent is a shell that would otherwise go on."""
+    script = write(tmp_path / "train.py", USAGE_SCRIPT)
+    env = {**child_env(), "TORCHRIG_RUN_DIR": str(tmp_path), "TORCHELASTIC_RUN_ID": "t"}
+    parent = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m torchrig.worker "{script}"; echo parent went on'],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert parent.returncode == -signal.SIGUSR2 or parent.returncode == 128 + signal.SIGUSR2
+    assert "parent went on" not in parent.stdout
+    assert fatal(tmp_path)["kind"] == "usage error"
+
+
+def test_sigterm_before_a_plain_script_sets_a_handler_ends_it_with_status_0(tmp_path):
+    """A stop during rendezvous or imports: killed by the signal, the worker counted as
+    failed and torchrun restarted the group in the middle of the stop."""
+    ready = tmp_path / "ready"
+    script = write(tmp_path / "train.py", f"""\
+        import pathlib, time
+        pathlib.Path({str(ready)!r}).touch()
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-m", "torchrig.worker", str(script)], cwd=tmp_path,
+                            env={**child_env(), "TORCHRIG_RUN_DIR": str(tmp_path)})
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+
+
+def test_sigterm_is_kept_for_the_trainer(tmp_path):
+    """torchrig.train reads the kept request (TORCHRIG_STOP_REQUESTED) when it sets up."""
+    os.environ.pop(worker.STOP_REQUESTED_ENV, None)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, worker._keep_sigterm)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert os.environ.get(worker.STOP_REQUESTED_ENV) == "1"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        os.environ.pop(worker.STOP_REQUESTED_ENV, None)
+
+
+def test_missing_nodes_are_those_whose_address_did_not_join():
+    nodes = launch.job_nodes("node1=10.0.0.1 node2=10.0.0.2 node3=10.0.0.3")
+    assert nodes == {"node1": "10.0.0.1", "node2": "10.0.0.2", "node3": "10.0.0.3"}
+    assert launch.missing_nodes(nodes, {"10.0.0.3"}, "10.0.0.1") == ["node2"]
+    assert launch.missing_nodes(nodes, set(), "10.0.0.1") == ["node2", "node3"]
+
+
+def test_a_rendezvous_that_times_out_ends_the_job_naming_the_missing_node(tmp_path):
+    """Real torchrun through torchrig.launch: a 2-node job whose second node never comes.
+    It ends with NODES_MISSING (not restarted by the unit) and ended.json names node2."""
+    env = {**child_env(), "TORCHRIG_RUN_DIR": str(tmp_path), "TORCHRIG_JOB": "lonely",
+           "TORCHRIG_NODES": "node1=127.0.0.1 node2=127.0.0.2", "TORCHRIG_LOCAL_ADDR": "127.0.0.1",
+           "TORCHRIG_JOIN_TIMEOUT": "3"}
+    script = write(tmp_path / "train.py", "print('never runs')\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "torchrig.launch", "--nnodes=2", "--nproc-per-node=1",
+         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=lonely",
+         "--rdzv-conf=join_timeout=3,is_host=1", "--local-addr=127.0.0.1",
+         "--module", "torchrig.worker", str(script)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == launch.NODES_MISSING, done.stderr[-3000:]
+    assert "never runs" not in done.stdout
+    ended = json.loads((tmp_path / launch.ENDED_FILE).read_text())
+    assert ended["kind"] == "nodes missing" and ended["missing"] == ["node2"]
+    assert "node2 did not join within 3 s" in done.stderr
