@@ -76,3 +76,10 @@ def test_bad_training_option(inventory: Path, option: str, shown: str) -> None:
 def test_missing_script(inventory: Path, tmp_path: Path) -> None:
     out = train(inventory, "-e", "nodes=2", "-e", f"script={tmp_path}/nope.py")
     assert f"script={tmp_path}/nope.py does not exist on the controller" in out
+
+
+@pytest.mark.parametrize("min_nodes", ["0", "3", "abc", "1.5"])
+def test_bad_min_nodes_names_the_range(inventory: Path, min_nodes: str) -> None:
+    out = train(inventory, "-e", "nodes=2", "-e", f"min_nodes={min_nodes}")
+    assert "min_nodes must be a whole number from 1 to the job's 2 nodes" in out
+    assert f'got "{min_nodes}"' in out or f"got {min_nodes}" in out

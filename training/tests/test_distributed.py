@@ -26,6 +26,7 @@ from launch import (
     LAUNCH_TIMEOUT,
     child_env,
     eval_records,
+    free_port,
     read_summary,
     start,
     start_standalone,
@@ -205,3 +206,34 @@ def test_one_process_under_torchrun_runs_the_collective_path(tmp_path: Path):
     it made none: allreduce_bench then timed no collective (180,279 GB/s for 64 MB)."""
     result, _ = run_allreduce_bench(tmp_path, 1, "4K")
     assert result["world_size"] == 1 and result["backend"] == "gloo", result
+
+
+def test_elastic_job_loses_one_of_three_nodes_and_finishes_on_two(tmp_path: Path):
+    """--nnodes=2:3 through torchrig.launch, as the job unit runs it with min_nodes=2: one
+    of three launchers (a node) is SIGKILLed with its worker after the first checkpoint;
+    the other two re-form the group without it and finish with world size 2."""
+    port = free_port()
+    dirs = [tmp_path / f"node-{n}" for n in "abc"]
+    launches = []
+    for d in dirs:
+        d.mkdir()
+        cmd = [sys.executable, "-m", "torchrig.launch", "--nnodes=2:3", "--nproc-per-node=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic",
+               "--rdzv-conf=join_timeout=60,last_call_timeout=2", "--max-restarts=3",
+               "--module", "torchrig.worker", "-m", "torchrig.train",
+               *train_args(epochs=8, checkpoint_every=25), "--run-dir", str(d)]
+        launches.append(start(cmd, tmp_path / f"node-{d.name}.log"))
+    lost = launches[2]
+    wait_for(checkpoint.path_for(dirs[2] / "checkpoints", 25).exists, "checkpoint 25", launches)
+    # The launcher and its worker at once (torchrun starts workers in sessions of their own).
+    workers = [int(p.read_text()) for p in dirs[2].glob("worker-rank*.pid")]
+    os.killpg(lost.proc.pid, signal.SIGKILL)
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    lost.proc.wait(timeout=30)
+    survivors = launches[:2]
+    assert [la.wait() for la in survivors] == [0, 0], [la.output()[-3000:] for la in survivors]
+    summary = read_summary(*dirs[:2])
+    assert summary["world_size"] == 2
+    assert summary["resumed_from_step"] is not None and summary["resumed_from_step"] >= 25
+    assert summary["accuracy"] >= 0.9

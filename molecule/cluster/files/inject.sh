@@ -9,12 +9,38 @@
 #   power      podman kill (no shutdown: a power loss), podman start 15 s later
 # Exits 1 when no checkpoint appears within 300 s or the job is not running
 # at that moment: then the fault could not be injected mid-job.
+#   lost       node1 drops node2's packets, then podman kill: node2 is gone
+#              without a word and stays down
+#   revive     after lost: node1 hears node2 again, node2 starts (same address)
 set -u
 job=$1 fault=$2
 node=torchrig-m-cluster-node2
+net=torchrig-m-cluster
 run=/var/lib/torchrig/runs/$job
 unit=torchrig-job@$job.service
+saved=${MOLECULE_EPHEMERAL_DIRECTORY:-/tmp}/node2-address
 start=$SECONDS
+# A real node keeps its address across a reboot (static or reserved); podman
+# would hand out a new one, which the peers' firewalls drop.
+restart_with_address() {
+    read -r ip mac < "$saved"
+    podman network disconnect "$net" "$node" && podman network connect --ip "$ip" --mac-address "$mac" "$net" "$node" || exit 1
+    podman start "$node" > /dev/null || exit 1
+}
+save_address() {
+    podman inspect --format "{{(index .NetworkSettings.Networks \"$net\").IPAddress}} {{(index .NetworkSettings.Networks \"$net\").MacAddress}}" "$node" > "$saved"
+    read -r ip mac < "$saved"
+}
+drop_rule() { podman exec torchrig-m-cluster-node1 nft -a list chain inet torchrig input | sed -n "s/.*ip saddr $1 drop # handle \([0-9]*\)/\1/p"; }
+if [ "$fault" = revive ]; then
+    read -r ip mac < "$saved"
+    for handle in $(drop_rule "$ip"); do
+        podman exec torchrig-m-cluster-node1 nft delete rule inet torchrig input handle "$handle" || exit 1
+    done
+    restart_with_address
+    echo '{"fault": "revive", "done": "node1 hears node2 again; node2 started"}'
+    exit 0
+fi
 newest() {
     podman exec "$node" sh -c "ls $run/checkpoints 2>/dev/null" | sed -n 's/^ckpt_0*\([0-9][0-9]*\)\.pt$/\1/p' | sort -n | tail -n 1
 }
@@ -39,28 +65,29 @@ case $fault in
         podman exec "$node" systemctl kill --signal=KILL "$unit" || exit 1
         done="systemctl kill --signal=KILL $unit" ;;
     container|power)
-        # A real node keeps its address across a reboot (static or reserved);
-        # podman would hand out a new one, which the peers' firewalls drop.
-        net=torchrig-m-cluster
-        ip=$(podman inspect --format "{{(index .NetworkSettings.Networks \"$net\").IPAddress}}" "$node")
-        mac=$(podman inspect --format "{{(index .NetworkSettings.Networks \"$net\").MacAddress}}" "$node")
+        save_address
         t0=$SECONDS
         if [ "$fault" = power ]; then
             killed_at=$(date +%s.%N)
-            podman kill --signal KILL "$node" >/dev/null || exit 1
+            podman kill --signal KILL "$node" > /dev/null || exit 1
             sleep 15
         else
-            podman stop --time 120 "$node" >/dev/null || exit 1
+            podman stop --time 120 "$node" > /dev/null || exit 1
         fi
         stopped=$((SECONDS - t0))
-        podman network disconnect "$net" "$node" && podman network connect --ip "$ip" --mac-address "$mac" "$net" "$node" || exit 1
-        podman start "$node" >/dev/null || exit 1
+        restart_with_address
         if [ "$fault" = power ]; then
             done="podman kill at ${killed_at}, podman start ${stopped} s later (address $ip kept)"
         else
             done="podman stop (took ${stopped} s), podman start (address $ip kept)"
         fi ;;
+    lost)
+        save_address
+        podman exec torchrig-m-cluster-node1 nft insert rule inet torchrig input ip saddr "$ip" drop || exit 1
+        killed_at=$(date +%s.%N)
+        podman kill --signal KILL "$node" > /dev/null || exit 1
+        done="node1 drops $ip; podman kill at ${killed_at}; not started again" ;;
     *) echo "unknown fault $fault" >&2; exit 2 ;;
 esac
-printf '{"job": "%s", "fault": "%s", "checkpoint_step": %s, "waited_s": %s, "done": "%s"}\n' \
-    "$job" "$fault" "$step" "$((SECONDS - start))" "$done"
+printf '{"job": "%s", "fault": "%s", "checkpoint_step": %s, "waited_s": %s, "killed_at": %s, "done": "%s"}\n' \
+    "$job" "$fault" "$step" "$((SECONDS - start))" "${killed_at:-null}" "$done"
