@@ -87,6 +87,9 @@ def test_lspci_skips_nvswitch_audio_and_other_vendors(gpu):
     "desc,cc",
     [
         ("GK210GL [Tesla K80]", "3.7"),
+        # GK110 is compute capability 3.5 (K20, K40), not the K80's 3.7.
+        ("GK110GL [Tesla K20Xm]", "3.5"),
+        ("GK110BGL [Tesla K40m]", "3.5"),
         ("GM204GL [Tesla M60]", "5.2"),
         ("GP104 [GeForce GTX 1080]", "6.1"),
         ("GA102 [GeForce RTX 3090]", "8.6"),
@@ -109,6 +112,29 @@ def test_secure_boot(gpu):
     assert gpu.parse_secure_boot_efivar(b"\x06\x00\x00\x00\x00") is False
     with pytest.raises(gpu.ParseError):
         gpu.parse_secure_boot_efivar(b"\x06")
+
+
+# `mokutil --sb-state` as the gpu_facts module reads it: stdout and stderr joined.
+SB_STATE = [
+    ("SecureBoot enabled\n", True),
+    ("SecureBoot disabled\n", False),
+    ("SecureBoot disabled\nPlatform is in Setup Mode\n", False),
+    # Legacy BIOS boot: no EFI variables at all.
+    ("EFI variables are not supported on this system\n", False),
+    # An EFI machine without the SecureBoot variable (many cloud VMs, firmware
+    # without Secure Boot): mokutil prints this on stderr and exits 255.
+    ("This system doesn't support Secure Boot\n", False),
+]
+
+
+@pytest.mark.parametrize("text,enabled", SB_STATE)
+def test_sb_state_recorded_outputs(gpu, text, enabled):
+    assert gpu.parse_sb_state(text) is enabled
+
+
+def test_sb_state_unknown_output_is_named(gpu):
+    with pytest.raises(gpu.ParseError, match=r"unexpected mokutil --sb-state output: 'Failed to read SecureBoot'"):
+        gpu.parse_sb_state("Failed to read SecureBoot\n")
 
 
 def test_test_key(gpu):

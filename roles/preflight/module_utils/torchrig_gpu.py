@@ -27,7 +27,8 @@ NVIDIA_VENDOR = "10de"
 # marketing name ("GH100 [H100 PCIe]"). Used only when nvidia-smi cannot say,
 # i.e. before a driver is installed. First match wins.
 CODENAME_CC = (
-    (r"^GK(110|210)", "3.7"),  # K80 is GK210 (3.7); GK110 parts are 3.5, treated as too old alike
+    (r"^GK210", "3.7"),  # K80
+    (r"^GK110", "3.5"),  # K20, K40 (GK110GL, GK110BGL)
     (r"^GK", "3.0"),
     (r"^GM10", "5.0"),
     (r"^GM20", "5.2"),
@@ -137,10 +138,14 @@ def parse_lspci(text):
 
 
 def parse_sb_state(text):
-    """`mokutil --sb-state` -> True (on), False (off or no EFI)."""
+    """`mokutil --sb-state` (stdout and stderr) -> True (on), False (off, no EFI, or an
+    EFI firmware without the SecureBoot variable: "This system doesn't support Secure
+    Boot", exit status 255, so nothing checks module signatures)."""
     if re.search(r"SecureBoot enabled", text):
         return True
-    if re.search(r"SecureBoot disabled|not supported|EFI variables are not supported", text):
+    if re.search(
+        r"SecureBoot disabled|not supported|EFI variables are not supported|doesn't support Secure Boot", text
+    ):
         return False
     raise ParseError(f"unexpected mokutil --sb-state output: {text.strip()!r}")
 

@@ -1,0 +1,90 @@
+"""Facts the shipped compatibility matrix must respect, checked on the real file
+(roles/preflight/files/compat_matrix.yml), not on a copy."""
+
+import pytest
+from matrix_table import MATRIX
+from rolepy import ROOT, gpu_mod, stack_mod
+
+# The last driver branch that supports Kepler (compute capability 3.x) is R470.
+LAST_KEPLER_BRANCH = 470
+# NVIDIA's ubuntu2404 CUDA repository starts at CUDA 12.5.
+UBUNTU2404_FIRST_CUDA = (12, 5)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    assert MATRIX == ROOT / "roles" / "preflight" / "files" / "compat_matrix.yml"
+    loaded = stack_mod.load_matrix(MATRIX.read_text())
+    assert loaded["errors"] == []
+    return loaded["rows"]
+
+
+def gpu_rows(rows, variant=None):
+    return [r for r in rows if r["variant"] != "cpu" and (variant is None or r["variant"] == variant)]
+
+
+def cuda(row):
+    return stack_mod.version_tuple(row["cuda"])[:2]
+
+
+@pytest.mark.parametrize("variant", ["cu118", "cu124"])
+def test_no_ubuntu2404_before_cuda_12_5(rows, variant):
+    listed = gpu_rows(rows, variant)
+    assert listed, f"the matrix has no {variant} row any more: update this test"
+    for r in listed:
+        assert "ubuntu2404" not in r["os"], f"{stack_mod.label(r)} lists ubuntu2404"
+
+
+def test_ubuntu2404_only_with_cuda_12_5_or_newer(rows):
+    wrong = [stack_mod.label(r) for r in gpu_rows(rows) if "ubuntu2404" in r["os"] and cuda(r) < UBUNTU2404_FIRST_CUDA]
+    assert wrong == []
+
+
+def test_cu118_does_not_list_kepler(rows):
+    listed = gpu_rows(rows, "cu118")
+    assert listed
+    for r in listed:
+        assert "3.7" not in r["compute_capabilities"], f"{stack_mod.label(r)} lists 3.7"
+
+
+def test_no_kepler_on_drivers_after_r470(rows):
+    # Every row's driver branch is newer than R470, so none can run a 3.x GPU.
+    wrong = [
+        stack_mod.label(r)
+        for r in gpu_rows(rows)
+        if int(r["driver_branch"]) > LAST_KEPLER_BRANCH
+        and any(stack_mod.version_tuple(c)[0] < 5 for c in r["compute_capabilities"])
+    ]
+    assert wrong == []
+
+
+@pytest.mark.parametrize(
+    "lspci,cc",
+    [
+        ("04:00.0 3D controller [0302]: NVIDIA Corporation GK210GL [Tesla K80] [10de:102d] (rev a1)\n", "3.7"),
+        ("04:00.0 3D controller [0302]: NVIDIA Corporation GK110BGL [Tesla K40m] [10de:1023] (rev a1)\n", "3.5"),
+    ],
+)
+def test_kepler_host_gets_no_row(rows, lspci, cc):
+    gpus = gpu_mod.parse_lspci(lspci)
+    assert [g["compute_capability"] for g in gpus] == [cc]
+    host = {
+        "name": "k",
+        "os": "ubuntu2204",
+        "os_name": "Ubuntu 22.04.5 LTS",
+        "gpu_group": True,
+        "cpu_group": False,
+        "gpus": gpus,
+        "gpu_count": 1,
+        "driver_version": None,
+        "manage_driver": True,
+        "secure_boot": False,
+        "signing_key": None,
+        "signing_key_enrolled": False,
+        "free_bytes": 50 * 1024**3,
+        "min_free_gib": 10,
+        "disk_path": "/opt",
+    }
+    chosen = stack_mod.select_stack(rows, [host], None, None)
+    assert chosen["row"] is None
+    assert f"has compute capability {cc}, too old for" in " ".join(chosen["problems"]["k"])
