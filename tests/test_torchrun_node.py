@@ -66,3 +66,15 @@ def test_gpus_are_counted_from_the_drivers_proc_entries(tmp_path):
         (tmp_path / bus).mkdir()
     (tmp_path / "README").write_text("not a GPU")
     assert node.count_gpus(str(tmp_path)) == 3
+
+
+def env(port: int, is_host: int) -> str:
+    return (f"# Job x\nTORCHRIG_RDZV_ENDPOINT=10.0.0.1:{port}\nTORCHRIG_RDZV_IS_HOST={is_host}\n"
+            "TORCHRIG_NNODES=2\n")
+
+
+def test_a_port_is_taken_only_by_jobs_that_host_their_rendezvous_on_it():
+    envs = {"a": env(29417, 1), "b": env(29417, 0), "c": env(29418, 1), "d": "# no endpoint\n"}
+    assert node.jobs_hosting_port(envs, 29417) == ["a"]
+    assert node.jobs_hosting_port(envs, 29418) == ["c"]
+    assert node.jobs_hosting_port(envs, 29400) == []

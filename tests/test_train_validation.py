@@ -83,3 +83,19 @@ def test_bad_min_nodes_names_the_range(inventory: Path, min_nodes: str) -> None:
     out = train(inventory, "-e", "nodes=2", "-e", f"min_nodes={min_nodes}")
     assert "min_nodes must be a whole number from 1 to the job's 2 nodes" in out
     assert f'got "{min_nodes}"' in out or f"got {min_nodes}" in out
+
+
+def test_a_host_named_twice_is_refused(inventory: Path) -> None:
+    """Two launchers on one host would wait for a node that never comes (join timeout)."""
+    out = train(inventory, "-e", "nodes=node1,node1")
+    assert "a comma-separated list of them, each once; got 'node1,node1'" in out
+
+
+@pytest.mark.parametrize("option,value", [("seed", "abc"), ("checkpoint_every", "abc"),
+                                          ("seed", "-1"), ("rdzv_port", "abc"), ("rdzv_port", "70000")])
+def test_options_that_are_not_whole_numbers_are_refused(inventory: Path, option: str, value: str) -> None:
+    """They used to become 0 silently (Jinja's int filter)."""
+    out = train(inventory, "-e", "nodes=2", "-e", f"{option}={value}")
+    assert "seed and checkpoint_every whole numbers >= 0" in out
+    assert "rdzv_port a port number" in out
+    assert f'"{value}"' in out

@@ -12,7 +12,13 @@ import os
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchrun_net import count_gpus, parse_addresses, parse_default_route, pick_address
+from ansible.module_utils.torchrun_net import (
+    count_gpus,
+    jobs_hosting_port,
+    parse_addresses,
+    parse_default_route,
+    pick_address,
+)
 
 DOCUMENTATION = r"""
 module: torchrun_node
@@ -35,6 +41,14 @@ options:
     description: The job's systemd unit.
     type: str
     required: true
+  rdzv_port:
+    description: The job's rendezvous port when this node hosts it (0 when it does not).
+    type: int
+    default: 0
+  config_dir:
+    description: Where the jobs' .env files are.
+    type: path
+    default: /etc/torchrig/jobs
 """
 
 RETURN = r"""
@@ -46,14 +60,40 @@ torchrun: {description: Whether the venv has bin/torchrun, type: bool, returned:
 unit_state: {description: The unit's ActiveState (inactive when it never ran), type: str, returned: always}
 unit_template: {description: Whether systemd can load the unit (its template is installed), type: bool,
                 returned: always}
+rdzv_taken_by:
+  description: Other jobs running here that host a rendezvous on rdzv_port.
+  type: list
+  returned: always
 """
+
+
+def rdzv_taken_by(module: AnsibleModule) -> list[str]:
+    """Other jobs whose unit is active here and whose rendezvous this node hosts on rdzv_port."""
+    config_dir, this = module.params["config_dir"], module.params["unit"]
+    try:
+        names = [n[:-4] for n in os.listdir(config_dir) if n.endswith(".env")]
+    except FileNotFoundError:
+        return []
+    envs = {}
+    for job in names:
+        unit = f"torchrig-job@{job}.service"
+        if unit == this:
+            continue
+        rc, state, _ = module.run_command(["systemctl", "is-active", unit])
+        if state.strip() not in ("active", "activating", "deactivating", "reloading"):
+            continue
+        with open(os.path.join(config_dir, job + ".env")) as f:
+            envs[job] = f.read()
+    return jobs_hosting_port(envs, module.params["rdzv_port"])
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec={"address": {"type": "str", "default": ""},
                        "venv": {"type": "path", "required": True},
-                       "unit": {"type": "str", "required": True}},
+                       "unit": {"type": "str", "required": True},
+                       "rdzv_port": {"type": "int", "default": 0},
+                       "config_dir": {"type": "path", "default": "/etc/torchrig/jobs"}},
         supports_check_mode=True,
     )
     ip = shutil.which("ip")
@@ -72,6 +112,7 @@ def main() -> None:
     unit = dict(line.split("=", 1) for line in show.splitlines() if "=" in line) if rc == 0 else {}
     module.exit_json(
         changed=False,
+        rdzv_taken_by=rdzv_taken_by(module) if module.params["rdzv_port"] else [],
         cpus=len(os.sched_getaffinity(0)),
         gpus=count_gpus(),
         address=address,

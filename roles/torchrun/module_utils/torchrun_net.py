@@ -54,3 +54,14 @@ def count_gpus(gpus_dir: str = NVIDIA_GPUS_DIR) -> int:
         return len([e for e in os.scandir(gpus_dir) if e.is_dir()])
     except OSError:
         return 0
+
+
+def jobs_hosting_port(envs: dict[str, str], port: int) -> list[str]:
+    """The jobs, of those given as {job: its .env text}, that host a rendezvous on `port` here."""
+    hosting = []
+    for job, text in sorted(envs.items()):
+        settings = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+        endpoint = settings.get("TORCHRIG_RDZV_ENDPOINT", "")
+        if settings.get("TORCHRIG_RDZV_IS_HOST") == "1" and endpoint.rpartition(":")[2] == str(port):
+            hosting.append(job)
+    return hosting
