@@ -2,8 +2,9 @@
 (roles/preflight/files/compat_matrix.yml), not on a copy."""
 
 import pytest
+import yaml
 from matrix_table import MATRIX
-from rolepy import ROOT, gpu_mod, stack_mod
+from rolepy import ROOT, gpu_mod, load, stack_mod
 
 # The last driver branch that supports Kepler (compute capability 3.x) is R470.
 LAST_KEPLER_BRANCH = 470
@@ -88,3 +89,46 @@ def test_kepler_host_gets_no_row(rows, lspci, cc):
     chosen = stack_mod.select_stack(rows, [host], None, None)
     assert chosen["row"] is None
     assert f"has compute capability {cc}, too old for" in " ".join(chosen["problems"]["k"])
+
+
+# ---------------------------------------------------------------- driver branches
+# The catalogue the nvidia_driver role's branch policy chooses from
+# (compat_matrix.yml: driver_branches), checked against NVIDIA's lifecycle.
+
+drv = load("roles/nvidia_driver/module_utils/torchrig_driver.py", "torchrig_driver")
+
+
+@pytest.fixture(scope="module")
+def branches():
+    return drv.check_catalogue(yaml.safe_load(MATRIX.read_text())["driver_branches"])
+
+
+def test_every_rows_driver_is_in_the_catalogue(rows, branches):
+    listed = {(b["branch"], b["version"]) for b in branches}
+    for r in gpu_rows(rows):
+        assert (r["driver_branch"], r["driver_version"]) in listed, stack_mod.label(r)
+
+
+def test_branch_kinds_follow_nvidias_lifecycle(branches):
+    kinds = {b["branch"]: b["kind"] for b in branches}
+    assert kinds["580"] == "long_term" and kinds["535"] == "long_term"
+    assert kinds["570"] == "production" and kinds["550"] == "production"
+    assert kinds["560"] == "new_feature" and kinds["520"] == "new_feature"
+
+
+def test_blackwell_needs_r570_or_newer(branches):
+    for b in branches:
+        assert (drv.cc_tuple(b["max_cc"]) >= (10, 0)) == (int(b["branch"]) >= 570), b["branch"]
+
+
+def test_r580_still_runs_maxwell_pascal_volta(branches):
+    r580 = next(b for b in branches if b["branch"] == "580")
+    assert drv.covers(r580, ["5.0", "6.0", "7.0"])
+
+
+def test_default_policy_gives_every_row_a_long_term_or_production_branch(rows, branches):
+    for r in gpu_rows(rows):
+        chosen = drv.choose_branch(branches, "supported", r["min_driver"], r["compute_capabilities"])
+        kind = next(b["kind"] for b in branches if b["branch"] == chosen["branch"])
+        assert kind in ("long_term", "production"), stack_mod.label(r)
+        assert drv.version_tuple(chosen["version"]) >= drv.version_tuple(r["min_driver"]), stack_mod.label(r)
