@@ -10,7 +10,9 @@ short_description: NVIDIA GPUs, installed driver, Secure Boot state and free dis
 description:
   - Asks C(nvidia-smi) for every GPU's name, PCI bus id, compute capability and the driver
     version. Where nvidia-smi is absent or fails (no driver yet), lists the GPUs with
-    C(lspci -nn) and derives the compute capability from the chip's code name.
+    C(lspci -nn) and derives the compute capability from the chip's code name; without
+    lspci (pciutils not installed yet) it reads the kernel's PCI list in sysfs and goes by
+    the PCI device id.
   - Reads the Secure Boot state with C(mokutil --sb-state), or from the EFI variable
     when mokutil is absent, and whether a module signing key is enrolled.
   - Changes nothing.
@@ -38,7 +40,7 @@ EXAMPLES = r"""
 RETURN = r"""
 gpu:
   description: count, gpus (index, name, pci_bus_id, compute_capability, driver_version, memory_mib),
-    compute_capabilities (sorted, unique), driver_version, source (nvidia-smi, lspci, none) and notes.
+    compute_capabilities (sorted, unique), driver_version, source (nvidia-smi, lspci, sysfs, none) and notes.
   type: dict
   returned: always
 secure_boot:
@@ -66,9 +68,11 @@ from ansible.module_utils.torchrig_gpu import (  # noqa: E402
     parse_secure_boot_efivar,
     parse_test_key,
 )
+from ansible.module_utils.torchrig_host import sysfs_pci_listing  # noqa: E402
 
 SECURE_BOOT_EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 DRIVER_VERSION_FILES = ("/sys/module/nvidia/version", "/proc/driver/nvidia/version")
+SYSFS_PCI = "/sys/bus/pci/devices"
 
 
 def summary(gpus, driver, source, notes):
@@ -114,6 +118,13 @@ def gpu_facts(module):
             module.fail_json(msg=f"gpu_facts: lspci -nn failed (rc {rc}): {err.strip()}")
         gpus = parse_lspci(out)
         return summary(gpus, driver, "lspci", notes)
+
+    # lspci comes with pciutils, which the common role installs after preflight: the
+    # kernel's own PCI list has the vendor, class and device ids that matter here.
+    listing = sysfs_pci_listing(SYSFS_PCI)
+    if listing:
+        notes.append("lspci (package pciutils) is not installed: GPUs read from " + SYSFS_PCI)
+        return summary(parse_lspci(listing), driver, "sysfs", notes)
 
     notes.append("neither a working nvidia-smi nor lspci (package pciutils) was found")
     return summary([], driver, "none", notes)

@@ -40,6 +40,7 @@ class Config:
     min_lr_ratio: float
     clip_grad: float
     precision: str
+    deterministic: bool
     compile: bool
     channels_last: bool
     seed: int
@@ -126,8 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="clip the gradient norm to this value (0: off; costs 0.2-0.5 ms a "
                    "step on a CPU)")
     t.add_argument("--precision", choices=PRECISIONS, default="auto",
-                   help="auto: bf16 autocast on a GPU that supports it, fp32 on the CPU; "
-                   "fp16 uses a gradient scaler")
+                   help="auto: bf16 autocast on a GPU with bf16 hardware (compute capability "
+                   "8.0 and up), fp16 autocast with a gradient scaler on 7.x (V100, T4), fp32 "
+                   "below and on the CPU; bf16 on a GPU without bf16 hardware is an error")
+    t.add_argument("--deterministic", action="store_true",
+                   help="deterministic GPU kernels only, no cuDNN autotuning "
+                   "(torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG): a GPU run "
+                   "and its resumes repeat bit for bit, somewhat slower")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
     t.add_argument("--channels-last", action="store_true",
                    help="channels-last memory format (faster convolutions on GPUs)")
@@ -142,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="checkpoint every N optimizer steps (0: only at the end and on "
                    "SIGTERM)")
     o.add_argument("--keep-checkpoints", type=number(int, 1), default=3,
-                   help="keep the newest K checkpoints on each node")
+                   help="keep the newest K checkpoints on each node (the one just written, "
+                   "which a resume needs, always; later steps left by a replaced run go)")
     o.add_argument("--no-resume", dest="resume", action="store_false",
                    help="start from scratch even if checkpoints exist (YAML: `resume: false`; "
                    "resume is %(default)s by default)")

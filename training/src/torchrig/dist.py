@@ -66,6 +66,57 @@ def pg_timeout() -> timedelta | None:
     return timedelta(seconds=seconds)
 
 
+class DeviceError(Exception):
+    """A node set up so that the job cannot run as asked (more processes than GPUs)."""
+
+
+def gpu_index(local_rank: int, local_world_size: int, device_count: int) -> int:
+    """This process's GPU: its local rank, one GPU per process.
+
+    More processes on a node than GPUs is an error: `local_rank % device_count` would put
+    two ranks on one GPU, where NCCL fails or hangs ("Duplicate GPU detected") and the
+    memory of both is one GPU's.
+    """
+    if local_world_size > device_count:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+        raise DeviceError(
+            f"this node runs {local_world_size} processes (torchrun --nproc-per-node, "
+            f"LOCAL_WORLD_SIZE) but {device_count} GPU(s) are visible{where}: two processes "
+            f"would share a GPU. Needs: --nproc-per-node {device_count} or fewer "
+            f"(torchrun_nproc_per_node: 0 runs one per GPU)")
+    return local_rank
+
+
+def make_deterministic() -> None:
+    """Same inputs, same bits on a GPU too: deterministic kernels only, no autotuning.
+
+    Call before the first CUDA matrix product: cuBLAS reads CUBLAS_WORKSPACE_CONFIG when
+    it makes its handle. An op with no deterministic implementation warns, naming itself
+    (warn_only), rather than ending the run; such a run is then not bit-exact.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+
+
+def use_cuda(backend: str, cuda_available: bool) -> bool:
+    """Whether this process trains on a GPU. TORCHRIG_BACKEND is the job's one backend,
+    decided by train.yml across its hosts: gloo keeps a host with GPUs on its CPU, and
+    nccl on a host whose CUDA does not work fails here, by name, not at a collective."""
+    if backend == "gloo":
+        return False
+    if backend == "nccl" and not cuda_available:
+        raise RuntimeError(f"the job runs nccl, but CUDA is not available on "
+                           f"{socket.gethostname()} (torch.cuda.is_available() is False): check "
+                           "its driver (health.yml), "
+                           "or add the host to the CPU group")
+    if backend not in ("", "nccl"):
+        raise ValueError(f"TORCHRIG_BACKEND must be nccl or gloo, got {backend!r}")
+    return cuda_available
+
+
 def setup(threads: int = 0) -> DistEnv:
     """Read torchrun's environment, pick the device and backend, set the thread count."""
     rank = int(os.environ.get("RANK", 0))
@@ -78,10 +129,13 @@ def setup(threads: int = 0) -> DistEnv:
         threads = max(1, usable_cores() // local_world_size)
     torch.set_num_threads(threads)
 
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    if use_cuda(os.environ.get("TORCHRIG_BACKEND", ""), torch.cuda.is_available()):
+        device = torch.device("cuda", gpu_index(local_rank, local_world_size,
+                                                torch.cuda.device_count()))
         torch.cuda.set_device(device)
-        torch.backends.cudnn.benchmark = True  # fixed input shapes: pick the fastest kernels
+        # Fixed input shapes: let cuDNN time its kernels and keep the fastest, unless the
+        # run must be deterministic (the choice can differ between runs).
+        torch.backends.cudnn.benchmark = not torch.are_deterministic_algorithms_enabled()
         backend = "nccl"
     else:
         device = torch.device("cpu")
