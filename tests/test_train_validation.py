@@ -99,3 +99,38 @@ def test_options_that_are_not_whole_numbers_are_refused(inventory: Path, option:
     assert "seed and checkpoint_every whole numbers >= 0" in out
     assert "rdzv_port a port number" in out
     assert f'"{value}"' in out
+
+
+def test_a_value_split_by_ansible_is_refused_with_the_quoting_to_use(inventory: Path) -> None:
+    """`-e extra_args=10 2 --batch_size 32`: Ansible keeps only '10' for extra_args."""
+    out = train(inventory, "-e", "nodes=2", "-e", "extra_args=10 2 --batch_size 32")
+    assert 'Ansible split an -e value at a space and dropped "2 --batch_size 32"' in out
+    assert """-e 'extra_args="10 2 --batch_size 32"'""" in out
+
+
+@pytest.mark.parametrize(("extra_args", "shown"), [
+    ('7 "two words', """extra_args '7 "two words' cannot be split into words: No closing quotation"""),
+    (["7", True], "extra_args item 2 is true, not a string or a number; quote it"),
+    ({"epochs": 7}, 'extra_args must be a list of strings or one string, got {"epochs": 7}'),
+])
+def test_bad_extra_args_are_refused(inventory: Path, extra_args: object, shown: str) -> None:
+    out = train(inventory, "-e", "nodes=2", "-e", json.dumps({"extra_args": extra_args}))
+    assert shown in out
+    assert """-e '{"extra_args": ["7", "two words"]}'""" in out
+
+
+def test_entry_must_be_a_file_inside_the_script_directory(inventory: Path, tmp_path: Path) -> None:
+    code = tmp_path / "ddp"
+    code.mkdir()
+    (code / "multinode.py").write_text("print('entry')\n")
+    (tmp_path / "outside.py").write_text("print('outside')\n")
+    cases = [
+        (["-e", f"script={code}"], f'entry="train.py" must name a file inside the script directory (script={code})'),
+        (["-e", f"script={code}", "-e", "entry=../outside.py"], 'entry="../outside.py" must name a file'),
+        (["-e", f"script={code}", "-e", "entry=nope.py"], 'entry="nope.py" must name a file'),
+        (["-e", "entry=multinode.py"], "(none was given: script=DIR)"),
+        (["-e", f"script={tmp_path / 'outside.py'}", "-e", "entry=multinode.py"], ", a file, is not one)"),
+    ]
+    for extra, shown in cases:
+        out = train(inventory, "-e", "nodes=2", *extra)
+        assert shown in out, (extra, out)

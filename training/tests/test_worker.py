@@ -159,3 +159,51 @@ def test_a_rendezvous_that_times_out_ends_the_job_naming_the_missing_node(tmp_pa
     ended = json.loads((tmp_path / launch.ENDED_FILE).read_text())
     assert ended["kind"] == "nodes missing" and ended["missing"] == ["node2"]
     assert "node2 did not join within 3 s" in done.stderr
+
+
+def test_a_node_that_died_after_joining_is_named_missing():
+    """In a 3-node job, node3 joined and then died: its stale heartbeat must not count,
+    so the launcher names it (and not node2, which is alive) when the rendezvous times out."""
+    from collections import namedtuple
+    from datetime import datetime, timedelta
+
+    node = namedtuple("node", "addr pid local_id")  # torch's _NodeDesc has these fields
+    now = datetime(2026, 12, 4, 12, 0, 0)
+    beats = {node("10.0.0.2", 41, 0): now - timedelta(seconds=3),
+             node("10.0.0.3", 42, 0): now - timedelta(seconds=40)}
+    alive = launch.alive_addresses(beats, now, timedelta(seconds=15))
+    assert alive == {"10.0.0.2"}
+    nodes = launch.job_nodes("node1=10.0.0.1 node2=10.0.0.2 node3=10.0.0.3")
+    assert launch.missing_nodes(nodes, alive, "10.0.0.1") == ["node3"]
+
+
+def test_job_arguments_stay_whole_and_rank_0_notes_its_node(tmp_path):
+    """TORCHRIG_ARGS (a JSON list) follows the entry point's own arguments, quoted words
+    whole; the output directory exists before the script runs; rank 0 of a torchrun job
+    writes rank0.json, which train.yml reads to find the node whose outputs go on top."""
+    script = write(tmp_path / "train.py", """\
+        import json, os, sys
+        out = os.environ["TORCHRIG_OUTPUT_DIR"]
+        open(os.path.join(out, "args.json"), "w").write(json.dumps(sys.argv[1:]))
+    """)
+    output = tmp_path / "output"
+    env = {"TORCHRIG_ARGS": json.dumps(["7", "two words"]), "TORCHRIG_OUTPUT_DIR": str(output),
+           "TORCHELASTIC_RUN_ID": "t", "RANK": "0"}
+
+    def run_as(rank: str):  # type: ignore[no-untyped-def]
+        return subprocess.run([sys.executable, "-m", "torchrig.worker", str(script), "first"],
+                              cwd=tmp_path, env={**child_env(), "TORCHRIG_RUN_DIR": str(tmp_path),
+                                                 **env, "RANK": rank},
+                              capture_output=True, text=True, timeout=60)
+
+    done = run_as("0")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((output / "args.json").read_text()) == ["first", "7", "two words"]
+    note = json.loads((tmp_path / worker.RANK0_FILE).read_text())
+    assert note["node"] == os.uname().nodename and note["restart_count"] == 0
+
+    # Any other rank leaves no note.
+    (tmp_path / worker.RANK0_FILE).unlink()
+    done = run_as("1")
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / worker.RANK0_FILE).exists()

@@ -92,8 +92,19 @@ def _os_errno(e: BaseException | None) -> int | None:
     return None
 
 
-def prune(ckpt_dir: Path, keep: int) -> None:
-    for step in list_steps(ckpt_dir)[:-keep]:
+def prune(ckpt_dir: Path, keep: int, newest: int | None = None) -> None:
+    """Keep the `keep` newest checkpoints up to `newest`, the step this run just wrote.
+
+    `newest` is the one the next resume needs: every node has just written it. Files of
+    later steps belong to a run this one replaced (started with --no-resume, or resumed
+    from an older step than one node held); counted, they pushed the new checkpoint out
+    at once, and a resume then went back to that other run. So they go instead.
+    """
+    steps = list_steps(ckpt_dir)
+    if newest is None:
+        newest = steps[-1] if steps else 0
+    older = [s for s in steps if s <= newest]
+    for step in [s for s in steps if s > newest] + older[:-keep]:
         path_for(ckpt_dir, step).unlink(missing_ok=True)  # another node may share the dir
 
 

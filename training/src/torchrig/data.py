@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +31,11 @@ class Data:
     test_x: torch.Tensor
     test_y: torch.Tensor
     num_classes: int
+    # What an exported model needs to be used on new images: the class names, and the
+    # per-channel mean and std (of the training set, in the dataset's own pixel scale).
+    classes: list[str] = field(default_factory=list)
+    mean: list[float] = field(default_factory=list)
+    std: list[float] = field(default_factory=list)
 
     @property
     def in_channels(self) -> int:
@@ -42,17 +47,20 @@ class Data:
 
     def to(self, device: torch.device) -> Data:
         return Data(*(t.to(device) for t in (self.train_x, self.train_y, self.test_x,
-                                             self.test_y)), self.num_classes)
+                                             self.test_y)), self.num_classes, self.classes,
+                    self.mean, self.std)
 
 
-def _make(train_x, train_y, test_x, test_y, num_classes: int) -> Data:
+def _make(train_x, train_y, test_x, test_y, num_classes: int,
+          classes: list[str] | None = None) -> Data:
     train_x = torch.as_tensor(train_x).float()
     mean = train_x.mean(dim=(0, 2, 3), keepdim=True)
     std = train_x.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
     test_x = torch.as_tensor(test_x).float()
     return Data(((train_x - mean) / std).contiguous(), torch.as_tensor(train_y, dtype=torch.int64),
                 ((test_x - mean) / std).contiguous(), torch.as_tensor(test_y, dtype=torch.int64),
-                num_classes)
+                num_classes, list(classes or [str(c) for c in range(num_classes)]),
+                mean.flatten().tolist(), std.flatten().tolist())
 
 
 def stratified_split(y: np.ndarray, test_fraction: float, seed: int = SPLIT_SEED):
@@ -137,7 +145,8 @@ def load_torchvision(name: str, root: str, download: bool) -> Data:
         x = torch.as_tensor(ds.data)  # MNIST: (N, H, W) uint8; CIFAR-10: (N, H, W, C)
         return x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
 
-    return _make(images(train), train.targets, images(test), test.targets, len(train.classes))
+    return _make(images(train), train.targets, images(test), test.targets, len(train.classes),
+                 [str(c) for c in train.classes])
 
 
 def load_dataset(name: str, data_dir: str = "data", download: bool = False) -> Data:

@@ -46,16 +46,24 @@ def missing_nodes(nodes: dict[str, str], joined: set[str], this_address: str) ->
     return [name for name, address in nodes.items() if address not in present]
 
 
+def alive_addresses(last_heartbeats: dict, now: datetime, expiry: timedelta) -> set[str]:
+    """Addresses of the nodes whose newest heartbeat is younger than `expiry`.
+
+    A node that died after it joined stays among the rendezvous' participants until
+    torch removes it, so only a recent heartbeat counts as being there.
+    """
+    return {node.addr for node, beat in last_heartbeats.items() if now - beat < expiry}
+
+
 def _remember_joined(handler: object) -> None:
     """Keep the addresses of the nodes alive in the rendezvous (private torch state)."""
     try:
         state = handler._state_holder.state  # type: ignore[attr-defined]
-        recent = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(minutes=1)
-        for node, beat in state.last_heartbeats.items():
-            if beat >= recent:
-                _seen_addresses.add(node.addr)
-        _seen_addresses.update(n.addr for n in state.participants)
-        _seen_addresses.update(n.addr for n in state.wait_list)
+        settings = handler._settings  # type: ignore[attr-defined]
+        # torch's own rule for a dead node (DynamicRendezvousHandler's _remove_dead_nodes).
+        expiry = settings.keep_alive_interval * settings.keep_alive_max_attempt
+        now = datetime.now(timezone.utc).replace(tzinfo=None)
+        _seen_addresses.update(alive_addresses(state.last_heartbeats, now, expiry))
     except Exception:  # noqa: BLE001 - naming nodes is a courtesy; never fail the job for it
         pass
 

@@ -27,7 +27,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from . import checkpoint, dist
+from . import checkpoint, dist, export
 from .config import Config, parse_config
 from .data import Data, UsageError, load_dataset
 from .dist import DistEnv
@@ -182,16 +182,31 @@ def evaluate(model: torch.nn.Module, data: Data, env: DistEnv, batch_size: int,
     return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
 
 
-def auto_precision(device: torch.device) -> str:
-    """bf16 where the GPU has it in hardware (Ampere, 8.0, and newer), fp16 with loss
-    scaling on Volta and Turing (7.x: fast fp16, bf16 only emulated), fp32 below and on CPU.
+def choose_precision(requested: str, capability: tuple[int, int] | None) -> str:
+    """The precision to train in, from --precision and the GPU's compute capability
+    (None: the CPU).
 
-    torch.cuda.is_bf16_supported() alone counts emulation, and is true on a V100 or T4."""
-    if device.type != "cuda":
-        return "fp32"
-    if torch.cuda.is_bf16_supported(including_emulation=False):
-        return "bf16"
-    return "fp16" if torch.cuda.get_device_capability(device) >= (7, 0) else "fp32"
+    auto: bf16 where the GPU has it in hardware (Ampere, 8.0, and newer), fp16 with loss
+    scaling on Volta and Turing (7.x: fast fp16, bf16 only emulated), fp32 below and on
+    the CPU. torch.cuda.is_bf16_supported() alone counts emulation, and is true on a V100
+    or T4, so the capability decides. Asking for bf16 on such a GPU is an error.
+    """
+    if capability is None:
+        return "fp32" if requested == "auto" else requested
+    if requested == "auto":
+        return "bf16" if capability >= (8, 0) else "fp16" if capability >= (7, 0) else "fp32"
+    if requested == "bf16" and capability < (8, 0):
+        raise UsageError(
+            f"--precision bf16: this GPU (compute capability {capability[0]}.{capability[1]}) has "
+            "no bf16 hardware, which starts at 8.0 (Ampere); torch would emulate it, slowly. "
+            "Use --precision auto (fp16 with a gradient scaler on 7.x, fp32 below) or fp32")
+    return requested
+
+
+def auto_precision(device: torch.device) -> str:
+    """--precision auto on this device (see choose_precision)."""
+    return choose_precision("auto", torch.cuda.get_device_capability(device)
+                            if device.type == "cuda" else None)
 
 
 def seed_everything(seed: int) -> None:
@@ -247,9 +262,8 @@ def train(cfg: Config, env: DistEnv) -> int:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(
         lr_factor, warmup=cfg.warmup_steps, total=total_steps, min_ratio=cfg.min_lr_ratio))
 
-    precision = cfg.precision
-    if precision == "auto":
-        precision = auto_precision(env.device)
+    precision = choose_precision(cfg.precision, torch.cuda.get_device_capability(env.device)
+                                 if env.device.type == "cuda" else None)
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
     autocast = partial(torch.autocast, env.device.type, dtype=amp_dtype,
                        enabled=amp_dtype is not None)
@@ -258,9 +272,10 @@ def train(cfg: Config, env: DistEnv) -> int:
     step, epoch, step_in_epoch, resumed_from = 0, 0, 0, None
     if env.local_rank == 0:
         checkpoint.remove_stale_temps(ckpt_dir)
-        # Rank 0 may land on another node this time: a summary.json left here by an
-        # earlier attempt would then read as this run's result.
+        # Rank 0 may land on another node this time: a summary.json or model left here
+        # by an earlier attempt would then read as this run's result.
         (run_dir / "summary.json").unlink(missing_ok=True)
+        export.remove_model(run_dir)
     if cfg.resume:
         found, state = checkpoint.agree_on_resume(ckpt_dir, env)
         if state is not None:
@@ -308,7 +323,7 @@ def train(cfg: Config, env: DistEnv) -> int:
                 "rng": checkpoint.rng_state(env.device), "config": cfg.to_dict(),
             }
             checkpoint.save_atomic(state, checkpoint.path_for(ckpt_dir, step))
-            checkpoint.prune(ckpt_dir, cfg.keep_checkpoints)
+            checkpoint.prune(ckpt_dir, cfg.keep_checkpoints, newest=step)
 
     window = torch.zeros(3, device=env.device)  # loss sum, correct, samples (this rank)
     window_steps, window_t0 = 0, time.perf_counter()
@@ -423,6 +438,15 @@ def train(cfg: Config, env: DistEnv) -> int:
             "duration_s": time.perf_counter() - t_start, "dataset": cfg.dataset,
             "model": cfg.model, "precision": precision, "threads_per_process": env.threads,
         }
+        # The final model, weights only, with what rebuilds it (torchrig-eval, README);
+        # before summary.json, which says the run is complete.
+        export.save_model(run_dir, raw_model, {
+            "model": cfg.model, "dataset": cfg.dataset, "num_classes": data.num_classes,
+            "classes": data.classes, "input_shape": list(data.test_x.shape[1:]),
+            "mean": data.mean, "std": data.std, "accuracy": result[1], "loss": result[0],
+            "held_out_samples": len(data.test_y), "steps": step, "epochs": cfg.epochs,
+            "precision": precision, "seed": cfg.seed, "torch": torch.__version__,
+        })
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         try:
             plot_metrics(out.metrics, run_dir / "metrics.png")
@@ -435,7 +459,13 @@ def train(cfg: Config, env: DistEnv) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(argv)  # exits 2 with a message naming the flag on a bad value
-    env = dist.setup(cfg.threads)
+    if cfg.deterministic:
+        dist.make_deterministic()  # before any CUDA work
+    try:
+        env = dist.setup(cfg.threads)
+    except dist.DeviceError as e:  # exit status 2: torchrig.worker ends the job, no retries
+        print(f"torchrig-train: error: {e}", file=sys.stderr, flush=True)
+        return 2
     logging.basicConfig(
         level=logging.INFO if env.is_main else logging.WARNING, stream=sys.stdout,
         format=f"%(asctime)s torchrig[rank {env.rank}] %(levelname)s %(message)s")

@@ -17,6 +17,10 @@ Two things torchrun cannot do by itself:
   not restart (RestartPreventExitStatus). Retrying would cost torchrun's restarts and
   systemd's, over a minute, before anyone saw the error. Any other failure propagates
   as before, and torchrun and systemd retry it.
+
+It also hands the entry point the job's extra arguments (TORCHRIG_ARGS, a JSON list, so
+that quoted words stay whole), creates TORCHRIG_OUTPUT_DIR, and on rank 0 writes
+rank0.json into the run directory, naming the node whose outputs go to runs/<job>/.
 """
 
 from __future__ import annotations
@@ -40,6 +44,13 @@ DETERMINISTIC = (SyntaxError, ImportError, FileNotFoundError, NotADirectoryError
 # Set in the environment, not a module variable: `python -m torchrig.worker` runs this
 # file as __main__, so the trainer's `import torchrig.worker` would get a fresh copy.
 STOP_REQUESTED_ENV = "TORCHRIG_STOP_REQUESTED"
+# The job's extra arguments, a JSON list: systemd splits `$VAR` on the unit's command line
+# at every space and knows no quotes, so "two words" would arrive as two arguments.
+ARGS_ENV = "TORCHRIG_ARGS"
+# Written by rank 0 into the run directory: train.yml takes rank 0's node's output
+# directory (TORCHRIG_OUTPUT_DIR) to the top of runs/<job>/. Under c10d any node can be
+# rank 0, and another one after a restart, so the newest note wins.
+RANK0_FILE = "rank0.json"
 
 
 def _keep_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -131,8 +142,39 @@ def run_entry(argv: list[str]) -> None:
         runpy.run_path(argv[0], run_name="__main__")
 
 
+def job_args() -> list[str]:
+    """TORCHRIG_ARGS, taken out of the environment (the entry point's own children
+    must not add them again)."""
+    text = os.environ.pop(ARGS_ENV, "")
+    if not text:
+        return []
+    try:
+        args = json.loads(text)
+    except ValueError:
+        args = None
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise SystemExit(f"torchrig.worker: {ARGS_ENV} must be a JSON list of strings, "
+                         f"got {text!r}")
+    return args
+
+
+def note_job_files() -> None:
+    """Create the output directory; on rank 0, say which node rank 0 runs on."""
+    output = os.environ.get("TORCHRIG_OUTPUT_DIR")
+    if output:
+        Path(output).mkdir(parents=True, exist_ok=True)
+    run_dir = os.environ.get("TORCHRIG_RUN_DIR")
+    if run_dir and os.environ.get("RANK") == "0" and os.environ.get("TORCHELASTIC_RUN_ID"):
+        path = Path(run_dir) / RANK0_FILE
+        tmp = path.with_name(f".{RANK0_FILE}.{os.getpid()}")
+        tmp.write_text(json.dumps({
+            "node": socket.gethostname(), "time": time.time(),
+            "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))}) + "\n")
+        os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv) + job_args()
     torchrig_entry = argv[:2] == ["-m", "torchrig.train"]
     # torchrig's trainer checkpoints on a kept request; a script that never sets a
     # handler of its own just ends, with status 0 so that torchrun does not restart it.
@@ -140,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     tail = StderrTail(sys.stderr)
     sys.stderr = tail
     try:
+        note_job_files()
         run_entry(argv)
     except BaseException as exc:
         found = classify(exc)

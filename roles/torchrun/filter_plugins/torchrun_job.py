@@ -1,0 +1,180 @@
+"""A job's arguments, the results to fetch, and the failure report: plain functions
+(unit-tested in tests/test_torchrun_job.py), exposed to the torchrun role and train.yml
+as filters."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # the tests import this file without Ansible's plugin loader
+    AnsibleFilterError = ValueError
+
+MIB = 1024 * 1024
+
+# ------------------------------------------------------------- the arguments
+
+
+def args_problem(value) -> str:
+    """'' when `value` is usable as extra_args, else what is wrong with it."""
+    try:
+        job_args(value)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def job_args(value) -> list[str]:
+    """extra_args as the entry point's argument list.
+
+    A list (YAML or JSON) is taken item by item; a string is split the way a shell
+    would, so that quoted words stay whole: '7 "two words"' gives ['7', 'two words'].
+    Ansible's own split of `-e extra_args=10 2` (it keeps only '10') cannot be undone
+    here; train.yml refuses the leftover words.
+    """
+    if value is None:
+        return []
+    if isinstance(value, str):
+        try:
+            return shlex.split(value)
+        except ValueError as e:  # "No closing quotation"
+            raise ValueError(f"extra_args {value!r} cannot be split into words: {e}") from None
+    if isinstance(value, (list, tuple)):
+        out = []
+        for i, item in enumerate(value, 1):
+            # bool first: it is an int to Python, and `yes` would quietly become 'True'.
+            if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+                raise ValueError(f"extra_args item {i} is {json.dumps(item)}, not a string or a "
+                                 "number; quote it")
+            out.append(str(item))
+        return out
+    raise ValueError(f"extra_args must be a list of strings or one string, got {json.dumps(value)}")
+
+
+def _job_args_filter(value) -> list[str]:
+    try:
+        return job_args(value)
+    except ValueError as e:
+        raise AnsibleFilterError(str(e)) from None
+
+
+def env_value(value) -> str:
+    """`value` for a systemd EnvironmentFile, double-quoted.
+
+    Inside double quotes systemd (like a POSIX shell) takes every character as it is
+    except \\, ", ` and $, which are escaped here; a newline is refused, since it would end
+    the assignment for other readers of the file.
+    """
+    text = str(value)
+    if "\n" in text or "\r" in text:
+        raise AnsibleFilterError(f"a job environment value cannot hold a line break: {text!r}")
+    return '"' + re.sub(r'([\\"`$])', r"\\\1", text) + '"'
+
+
+# ----------------------------------------------------------------- the results
+
+
+def fetch_plan(files: list[dict], run_dir: str, limit_mb: float,
+               skip_dirs: tuple[str, ...] = ("checkpoints",)) -> dict:
+    """What to fetch of a run directory, from ansible.builtin.find's `files`.
+
+    Everything except the trainer's checkpoints (the exported model comes instead) and
+    temp files. `over` is true when the files add up to more than `limit_mb`: a
+    runaway output that would fill the controller, or take hours through SSH.
+    """
+    root = run_dir.rstrip("/") + "/"
+    chosen = []
+    for f in files:
+        rel = f["path"][len(root):] if f["path"].startswith(root) else f["path"]
+        name = rel.rsplit("/", 1)[-1]
+        if rel.split("/", 1)[0] in skip_dirs or name.endswith(".tmp"):
+            continue
+        chosen.append({"path": f["path"], "rel": rel, "size": int(f.get("size", 0))})
+    total = sum(f["size"] for f in chosen)
+    largest = sorted(chosen, key=lambda f: -f["size"])[:5]
+    return {
+        "files": sorted(chosen, key=lambda f: f["rel"]),
+        "bytes": total,
+        "mb": round(total / MIB, 1),
+        "over": total > float(limit_mb) * MIB,
+        "largest": [f"{f['rel']} ({f['size'] / MIB:.1f} MB)" for f in largest],
+    }
+
+
+def newest_rank0(nodes: list[str], times: list) -> str:
+    """The node whose rank0.json is newest (`times`: each node's mtime, '' for none);
+    '' when no node has one.
+
+    Rank 0 can move to another node when torchrun restarts the workers; the note of the
+    last attempt is the newest."""
+    found = {node: float(t) for node, t in zip(nodes, times, strict=True) if t is not None and t != ""}
+    return max(found, key=lambda n: (found[n], n)) if found else ""
+
+
+# ------------------------------------------------------------ the failure report
+
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def first_traceback(lines: list[str], keep: int = 12) -> list[str]:
+    """The tail of the first Python traceback in `lines`: its innermost frames and the error.
+
+    The first, because a failing worker prints its error first; what follows is its
+    peers' and torchrun's consequences. Lines of the same traceback carry the same prefix
+    (a worker's lines can start with `[rank0]: `), so other ranks' interleaved lines are
+    left out. A chained exception ("During handling of the above exception ...") is
+    followed to its last error, the one that ended the process.
+    """
+    chained = ("During handling of the above exception", "The above exception was the direct")
+    for i, line in enumerate(lines):
+        at = line.find(_TRACEBACK)
+        if at < 0:
+            continue
+        prefix = line[:at]
+        bodies = [nxt[len(prefix):] for nxt in lines[i + 1:] if nxt.startswith(prefix)]
+        block = [line]
+        for j, body in enumerate(bodies):
+            block.append(prefix + body)
+            # Frames are indented; the first line that is not is the error, and ends the
+            # traceback unless a chained one follows.
+            if body.strip() and not body[0].isspace() and not body.startswith(_TRACEBACK) \
+                    and not body.startswith(chained):
+                following = [b for b in bodies[j + 1:] if b.strip()][:1]
+                if not (following and following[0].startswith(chained)):
+                    break
+        block = [b for b in block if b[len(prefix):].strip()]
+        if len(block) > keep:
+            block = [block[0], prefix + "  ..."] + block[-(keep - 1):]
+        return block
+    return []
+
+
+def failure_lines(journal: list[str], tail: int = 15) -> list[str]:
+    """The failing node's report: its first traceback's tail, then its journal's last lines.
+
+    `journal` is `journalctl --output=short-iso-precise`; each line is cut to its message
+    (time, host and process go), and systemd's own lines are left out.
+    """
+    messages = [re.sub(r"^\S+ \S+ [^:]+: ", "", line).rstrip() for line in journal
+                if " systemd[1]: " not in line]
+    messages = [m for m in messages if m.strip()]
+    shown = []
+    traceback = first_traceback(messages)
+    if traceback:
+        shown += ["First error in its journal:"] + traceback
+    return shown + ["Last lines of its journal:"] + messages[-tail:]
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "torchrun_args": _job_args_filter,
+            "torchrun_args_problem": args_problem,
+            "torchrun_env_value": env_value,
+            "torchrun_fetch_plan": fetch_plan,
+            "torchrun_newest_rank0": newest_rank0,
+            "torchrun_failure_lines": failure_lines,
+        }
