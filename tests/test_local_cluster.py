@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import podman_names, run
 
 NAME = "torchrig-pytest"
@@ -158,6 +159,25 @@ def test_up_scale_down(inv: Path, tmp_path_factory: pytest.TempPathFactory) -> N
     assert out.strip() == "active"
     info = json.loads(run(["podman", "inspect", f"{NAME}-node1"], check=True).stdout)[0]
     assert info["NetworkSettings"]["Networks"][NAME]["IPAddress"]
+
+    # Two networks, as GPU servers have: management (ansible_host; the hostname
+    # resolves there) and training (torchrig_cluster_address), both in the inventory.
+    def addresses() -> tuple[str, str]:
+        info = json.loads(run(["podman", "inspect", f"{NAME}-node1"], check=True).stdout)[0]
+        nets = info["NetworkSettings"]["Networks"]
+        return nets[NAME]["IPAddress"], nets[f"{NAME}-train"]["IPAddress"]
+
+    management, training = addresses()
+    assert management != training
+    hosts = yaml.safe_load((inv / "hosts.yml").read_text())
+    node1 = hosts["all"]["children"]["cluster"]["children"]["cpu_nodes"]["hosts"]["node1"]
+    assert (node1["ansible_host"], node1["torchrig_cluster_address"]) == (management, training)
+    resolved = run(["podman", "exec", f"{NAME}-node1", "getent", "hosts", "node1"]).stdout.split()
+    assert resolved[:1] == [management], resolved
+    # A node that loses power and boots again keeps both addresses, as a real host does.
+    run(["podman", "kill", f"{NAME}-node1"], check=True)
+    run(["podman", "start", f"{NAME}-node1"], check=True)
+    assert addresses() == (management, training)
 
     # Down removes containers, network and the generated inventory.
     proc = cluster(inv, "-e", "state=absent")

@@ -3,7 +3,7 @@ node.addr recorded from a local cluster node, server.addr a GPU server's layout 
 the same format.
 
 The module itself runs in every train.yml (the molecule cluster scenario); these
-cover the layouts the local cluster does not have: several NICs, docker0, VLANs, no route.
+cover the layouts the local cluster does not have: several NICs, docker0, VLANs.
 """
 
 import pytest
@@ -14,10 +14,8 @@ node = load("roles/torchrun/module_utils/torchrun_net.py", "torchrun_net")
 # A GPU server: a fast cluster NIC without the default route,
 # a VLAN, docker0.
 SERVER_ADDR = (FIXTURES / "ip" / "server.addr").read_text()
-SERVER_ROUTE = "default via 192.0.2.1 dev eno1 proto dhcp src 192.0.2.11 metric 100 \n"
 # A local cluster node (podman), as recorded from one.
 NODE_ADDR = (FIXTURES / "ip" / "node.addr").read_text()
-NODE_ROUTE = "default via 10.89.0.1 dev eth0 proto static metric 100 \n"
 
 
 def test_addresses_name_their_interface_vlans_included():
@@ -26,38 +24,16 @@ def test_addresses_name_their_interface_vlans_included():
         "172.20.0.11": "eno1.200", "172.17.0.1": "docker0"}
 
 
-@pytest.mark.parametrize("route,expected", [
-    (SERVER_ROUTE, ("eno1", "192.0.2.11")),
-    (NODE_ROUTE, ("eth0", "")),
-    ("", ("", "")),
-    ("10.0.0.0/8 via 10.0.0.1 dev eth1\ndefault dev wg0 scope link\n", ("wg0", "")),
-])
-def test_default_route(route, expected):
-    assert node.parse_default_route(route) == expected
-
-
-def test_inventory_address_picks_the_fast_nic_not_the_default_route():
-    picked = node.pick_address("10.10.0.11", node.parse_addresses(SERVER_ADDR),
-                               node.parse_default_route(SERVER_ROUTE))
-    assert picked == ("10.10.0.11", "ens1f0np0")
-
-
-def test_no_inventory_address_takes_the_default_route():
-    assert node.pick_address("", node.parse_addresses(NODE_ADDR),
-                             node.parse_default_route(NODE_ROUTE)) == ("10.89.0.2", "eth0")
-    assert node.pick_address("", node.parse_addresses(SERVER_ADDR),
-                             node.parse_default_route(SERVER_ROUTE)) == ("192.0.2.11", "eno1")
+def test_the_training_address_is_on_the_fast_nic_not_the_default_routes():
+    assert node.interface_of("10.10.0.11", node.parse_addresses(SERVER_ADDR)) == "ens1f0np0"
+    assert node.interface_of("172.20.0.11", node.parse_addresses(SERVER_ADDR)) == "eno1.200"
+    assert node.interface_of("10.89.0.2", node.parse_addresses(NODE_ADDR)) == "eth0"
 
 
 def test_an_address_no_interface_holds_is_named_with_what_the_node_has():
     with pytest.raises(ValueError, match=r"no interface holds the cluster address 10\.9\.9\.9 "
                                          r"\(this node has 10\.89\.0\.2, 127\.0\.0\.1\)"):
-        node.pick_address("10.9.9.9", node.parse_addresses(NODE_ADDR), ("eth0", ""))
-
-
-def test_no_default_route_asks_for_ansible_host():
-    with pytest.raises(ValueError, match="no IPv4 default route: set ansible_host"):
-        node.pick_address("", node.parse_addresses(NODE_ADDR), ("", ""))
+        node.interface_of("10.9.9.9", node.parse_addresses(NODE_ADDR))
 
 
 def test_gpus_are_counted_from_the_drivers_proc_entries(tmp_path):

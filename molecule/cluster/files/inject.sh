@@ -15,29 +15,26 @@
 set -u
 job=$1 fault=$2
 node=torchrig-m-cluster-node2
-net=torchrig-m-cluster
+# node2's training address: the job's traffic, so the one node1 drops.
+net=torchrig-m-cluster-train
 run=/var/lib/torchrig/runs/$job
 unit=torchrig-job@$job.service
 saved=${MOLECULE_EPHEMERAL_DIRECTORY:-/tmp}/node2-address
 start=$SECONDS
-# A real node keeps its address across a reboot (static or reserved); podman
-# would hand out a new one, which the peers' firewalls drop.
-restart_with_address() {
-    read -r ip mac < "$saved"
-    podman network disconnect "$net" "$node" && podman network connect --ip "$ip" --mac-address "$mac" "$net" "$node" || exit 1
-    podman start "$node" > /dev/null || exit 1
-}
+# The node keeps its addresses across a restart, as a real host does: they
+# are fixed in its container (molecule/shared/create.yml). A stopped
+# container shows none, so the address is read while it runs.
 save_address() {
-    podman inspect --format "{{(index .NetworkSettings.Networks \"$net\").IPAddress}} {{(index .NetworkSettings.Networks \"$net\").MacAddress}}" "$node" > "$saved"
-    read -r ip mac < "$saved"
+    podman inspect --format "{{(index .NetworkSettings.Networks \"$net\").IPAddress}}" "$node" > "$saved"
+    read -r ip < "$saved"
 }
 drop_rule() { podman exec torchrig-m-cluster-node1 nft -a list chain inet torchrig input | sed -n "s/.*ip saddr $1 drop # handle \([0-9]*\)/\1/p"; }
 if [ "$fault" = revive ]; then
-    read -r ip mac < "$saved"
+    read -r ip < "$saved"
     for handle in $(drop_rule "$ip"); do
         podman exec torchrig-m-cluster-node1 nft delete rule inet torchrig input handle "$handle" || exit 1
     done
-    restart_with_address
+    podman start "$node" > /dev/null || exit 1
     echo '{"fault": "revive", "done": "node1 hears node2 again; node2 started"}'
     exit 0
 fi
@@ -75,7 +72,7 @@ case $fault in
             podman stop --time 120 "$node" > /dev/null || exit 1
         fi
         stopped=$((SECONDS - t0))
-        restart_with_address
+        podman start "$node" > /dev/null || exit 1
         if [ "$fault" = power ]; then
             done="podman kill at ${killed_at}, podman start ${stopped} s later (address $ip kept)"
         else

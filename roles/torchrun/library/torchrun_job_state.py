@@ -14,6 +14,7 @@ import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.torchrun_net import RUNNING_STATES
 
 DOCUMENTATION = r"""
 module: torchrun_job_state
@@ -50,7 +51,6 @@ ended:
   returned: always
 """
 
-RUNNING = ("active", "activating", "deactivating", "reloading")
 PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "StateChangeTimestamp")
 # Written by torchrig.worker and torchrig.launch on the node when a job ends for good.
 END_FILES = ("fatal.json", "ended.json")
@@ -114,7 +114,7 @@ def main() -> None:
         except (OSError, subprocess.CalledProcessError) as e:
             module.fail_json(msg=f"systemctl show {p['unit']} failed: {e}")
         polls += 1
-        running = state.get("ActiveState") in RUNNING
+        running = state.get("ActiveState") in RUNNING_STATES
         if not running or time.monotonic() + p["poll_interval"] > deadline:
             break
         time.sleep(p["poll_interval"])

@@ -13,11 +13,11 @@ import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.torchrun_net import (
+    RUNNING_STATES,
     count_gpus,
+    interface_of,
     jobs_hosting_port,
     parse_addresses,
-    parse_default_route,
-    pick_address,
 )
 
 DOCUMENTATION = r"""
@@ -30,9 +30,9 @@ description:
     template is installed. Changes nothing.
 options:
   address:
-    description: The node's cluster address; empty means the default route's source address.
+    description: The node's cluster address (torchrig_cluster_address, decided by the torchrig role).
     type: str
-    default: ""
+    required: true
   venv:
     description: The venv that must hold bin/torchrun.
     type: path
@@ -58,6 +58,7 @@ address: {description: The cluster address, type: str, returned: always}
 interface: {description: The interface that holds the address, type: str, returned: always}
 torchrun: {description: Whether the venv has bin/torchrun, type: bool, returned: always}
 unit_state: {description: The unit's ActiveState (inactive when it never ran), type: str, returned: always}
+running: {description: Whether that state counts as running (RUNNING_STATES), type: bool, returned: always}
 unit_template: {description: Whether systemd can load the unit (its template is installed), type: bool,
                 returned: always}
 rdzv_taken_by:
@@ -80,7 +81,7 @@ def rdzv_taken_by(module: AnsibleModule) -> list[str]:
         if unit == this:
             continue
         rc, state, _ = module.run_command(["systemctl", "is-active", unit])
-        if state.strip() not in ("active", "activating", "deactivating", "reloading"):
+        if state.strip() not in RUNNING_STATES:
             continue
         with open(os.path.join(config_dir, job + ".env")) as f:
             envs[job] = f.read()
@@ -89,7 +90,7 @@ def rdzv_taken_by(module: AnsibleModule) -> list[str]:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={"address": {"type": "str", "default": ""},
+        argument_spec={"address": {"type": "str", "required": True},
                        "venv": {"type": "path", "required": True},
                        "unit": {"type": "str", "required": True},
                        "rdzv_port": {"type": "int", "default": 0},
@@ -99,11 +100,10 @@ def main() -> None:
     ip = shutil.which("ip")
     if ip is None:
         module.fail_json(msg="the ip command (iproute2) is missing on this node")
-    _, route, _ = module.run_command([ip, "-o", "-4", "route", "show", "default"], check_rc=True)
     _, addrs, _ = module.run_command([ip, "-o", "-4", "addr", "show"], check_rc=True)
     try:
-        address, interface = pick_address(module.params["address"], parse_addresses(addrs),
-                                          parse_default_route(route))
+        address = module.params["address"]
+        interface = interface_of(address, parse_addresses(addrs))
     except ValueError as e:
         module.fail_json(msg=str(e))
     # LoadState is "not-found" when the unit's template is not installed.
@@ -119,6 +119,7 @@ def main() -> None:
         interface=interface,
         torchrun=os.access(os.path.join(module.params["venv"], "bin", "torchrun"), os.X_OK),
         unit_state=unit.get("ActiveState") or "inactive",
+        running=unit.get("ActiveState") in RUNNING_STATES,
         unit_template=unit.get("LoadState") == "loaded",
     )
 

@@ -1,4 +1,4 @@
-"""The torchrun_node module's logic as plain functions: the cluster address, its interface
+"""The torchrun_node module's logic as plain functions: the cluster address's interface
 and the GPU count. Kept apart from the module so that tests import them without Ansible
 (whose module_utils patch sys.intern, which torch's compiler then refuses).
 """
@@ -9,17 +9,9 @@ import os
 import re
 
 NVIDIA_GPUS_DIR = "/proc/driver/nvidia/gpus"
-
-
-def parse_default_route(text: str) -> tuple[str, str]:
-    """(interface, source address or '') of the first default route in `ip -o -4 route show default`."""
-    for line in text.splitlines():
-        words = line.split()
-        if words[:1] == ["default"] and "dev" in words:
-            dev = words[words.index("dev") + 1]
-            src = words[words.index("src") + 1] if "src" in words else ""
-            return dev, src
-    return "", ""
+# systemd's ActiveState values of a job unit that holds (or is about to hold, or still
+# holds) the job's processes: such a job counts as running.
+RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
 
 
 def parse_addresses(text: str) -> dict[str, str]:
@@ -30,22 +22,13 @@ def parse_addresses(text: str) -> dict[str, str]:
     return found
 
 
-def pick_address(address: str, addresses: dict[str, str], route: tuple[str, str]) -> tuple[str, str]:
-    """(address, interface) for the cluster traffic, or raise ValueError saying what is missing."""
-    if address:
-        if address not in addresses:
-            raise ValueError(f"no interface holds the cluster address {address} (this node has "
-                             f"{', '.join(sorted(addresses)) or 'no IPv4 address'})")
-        return address, addresses[address]
-    dev, src = route
-    if not dev:
-        raise ValueError("this node has no IPv4 default route: set ansible_host to its cluster address")
-    if src and addresses.get(src) == dev:
-        return src, dev
-    on_dev = [a for a, d in addresses.items() if d == dev]
-    if not on_dev:
-        raise ValueError(f"the default route's interface {dev} has no IPv4 address")
-    return on_dev[0], dev
+def interface_of(address: str, addresses: dict[str, str]) -> str:
+    """The interface that holds the cluster address (the torchrig role decided the address),
+    or raise ValueError naming what the node has."""
+    if address not in addresses:
+        raise ValueError(f"no interface holds the cluster address {address or '(none given)'} (this node has "
+                         f"{', '.join(sorted(addresses)) or 'no IPv4 address'})")
+    return addresses[address]
 
 
 def count_gpus(gpus_dir: str = NVIDIA_GPUS_DIR) -> int:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Socket probe for the firewall scenario.
+"""Socket probe for the firewall and cluster scenarios.
 
 probe.py serve PORTFILE PORT...   listen on each PORT and on one port the
                                   kernel picks (bind to 0, written to PORTFILE);
