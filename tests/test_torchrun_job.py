@@ -67,7 +67,7 @@ def test_arguments_reach_the_script_whole_through_the_environment_file(tmp_path:
 
 
 def test_a_line_break_cannot_enter_the_environment_file():
-    with pytest.raises(job.AnsibleFilterError, match="line break"):
+    with pytest.raises(job.JobError, match="line break"):
         job.env_value("a\nTORCHRIG_RUN_DIR=/")
 
 

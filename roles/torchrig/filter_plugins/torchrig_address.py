@@ -10,10 +10,11 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
-try:
-    from ansible.errors import AnsibleFilterError as AddressError
-except ImportError:  # the unit tests load this file without Ansible
-    AddressError = ValueError  # type: ignore[assignment,misc]
+
+
+class AddressError(ValueError):
+    """A cluster address that cannot be used. Not Ansible's own error class: importing
+    Ansible in the test process patches sys.intern, which torch's compiler then refuses."""
 
 NOTHING_CHANGED = "Nothing was changed."
 

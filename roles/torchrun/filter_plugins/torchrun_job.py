@@ -8,10 +8,11 @@ import json
 import re
 import shlex
 
-try:
-    from ansible.errors import AnsibleFilterError
-except ImportError:  # the tests import this file without Ansible's plugin loader
-    AnsibleFilterError = ValueError
+
+
+class JobError(ValueError):
+    """A job setting that cannot be used. Not Ansible's own error class: importing Ansible
+    in the test process patches sys.intern, which torch's compiler then refuses."""
 
 MIB = 1024 * 1024
 
@@ -58,7 +59,7 @@ def _job_args_filter(value) -> list[str]:
     try:
         return job_args(value)
     except ValueError as e:
-        raise AnsibleFilterError(str(e)) from None
+        raise JobError(str(e)) from None
 
 
 def env_value(value) -> str:
@@ -70,7 +71,7 @@ def env_value(value) -> str:
     """
     text = str(value)
     if "\n" in text or "\r" in text:
-        raise AnsibleFilterError(f"a job environment value cannot hold a line break: {text!r}")
+        raise JobError(f"a job environment value cannot hold a line break: {text!r}")
     return '"' + re.sub(r'([\\"`$])', r"\\\1", text) + '"'
 
 
