@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 
-
 class AddressError(ValueError):
     """A cluster address that cannot be used. Not Ansible's own error class: importing
     Ansible in the test process patches sys.intern, which torch's compiler then refuses."""

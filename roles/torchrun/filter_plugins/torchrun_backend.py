@@ -8,7 +8,6 @@ unit-tested in tests/test_torchrun_backend.py.
 from __future__ import annotations
 
 
-
 class BackendError(ValueError):
     """A job that cannot have one backend. Not Ansible's own error class: importing Ansible
     in the test process patches sys.intern, which torch's compiler then refuses."""

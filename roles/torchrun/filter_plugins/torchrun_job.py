@@ -9,7 +9,6 @@ import re
 import shlex
 
 
-
 class JobError(ValueError):
     """A job setting that cannot be used. Not Ansible's own error class: importing Ansible
     in the test process patches sys.intern, which torch's compiler then refuses."""
