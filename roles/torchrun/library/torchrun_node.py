@@ -13,6 +13,7 @@ import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.torchrun_net import (
+    NVIDIA_GPUS_DIR,
     RUNNING_STATES,
     count_gpus,
     interface_of,
@@ -49,6 +50,10 @@ options:
     description: Where the jobs' .env files are.
     type: path
     default: /etc/torchrig/jobs
+  gpus_dir:
+    description: Where the NVIDIA driver lists its GPUs, one directory each (tests point it elsewhere).
+    type: path
+    default: /proc/driver/nvidia/gpus
 """
 
 RETURN = r"""
@@ -94,7 +99,8 @@ def main() -> None:
                        "venv": {"type": "path", "required": True},
                        "unit": {"type": "str", "required": True},
                        "rdzv_port": {"type": "int", "default": 0},
-                       "config_dir": {"type": "path", "default": "/etc/torchrig/jobs"}},
+                       "config_dir": {"type": "path", "default": "/etc/torchrig/jobs"},
+                       "gpus_dir": {"type": "path", "default": NVIDIA_GPUS_DIR}},
         supports_check_mode=True,
     )
     ip = shutil.which("ip")
@@ -114,7 +120,7 @@ def main() -> None:
         changed=False,
         rdzv_taken_by=rdzv_taken_by(module) if module.params["rdzv_port"] else [],
         cpus=len(os.sched_getaffinity(0)),
-        gpus=count_gpus(),
+        gpus=count_gpus(module.params["gpus_dir"]),
         address=address,
         interface=interface,
         torchrun=os.access(os.path.join(module.params["venv"], "bin", "torchrun"), os.X_OK),
