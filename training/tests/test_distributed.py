@@ -215,11 +215,15 @@ def test_elastic_job_loses_one_of_three_nodes_and_finishes_on_two(tmp_path: Path
     port = free_port()
     dirs = [tmp_path / f"node-{n}" for n in "abc"]
     launches = []
-    for d in dirs:
+    for i, d in enumerate(dirs):
         d.mkdir()
+        # The first node hosts the rendezvous store, said as the job unit says it (is_host).
+        # On loopback every launcher would take itself for the host and the first to bind
+        # would win: when that was the node killed below, the store went with it (CI, once).
         cmd = [sys.executable, "-m", "torchrig.launch", "--nnodes=2:3", "--nproc-per-node=1",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic",
-               "--rdzv-conf=join_timeout=60,last_call_timeout=2", "--max-restarts=3",
+               f"--rdzv-conf=join_timeout=60,last_call_timeout=2,is_host={int(i == 0)}",
+               "--max-restarts=3",
                "--module", "torchrig.worker", "-m", "torchrig.train",
                *train_args(epochs=8, checkpoint_every=25), "--run-dir", str(d)]
         launches.append(start(cmd, tmp_path / f"node-{d.name}.log"))
