@@ -15,6 +15,7 @@ class AddressError(ValueError):
     """A cluster address that cannot be used. Not Ansible's own error class: importing
     Ansible in the test process patches sys.intern, which torch's compiler then refuses."""
 
+
 NOTHING_CHANGED = "Nothing was changed."
 
 
@@ -26,6 +27,17 @@ def _ip_version(text: str) -> int:
         return 0
 
 
+def _from_inventory(host: Mapping[str, Any]) -> tuple[str, str]:
+    """(address, the setting it came from) when the inventory gives it, else ('', '')."""
+    given = str(host.get("torchrig_cluster_address") or "").strip()
+    if given:
+        return given, "torchrig_cluster_address"
+    ansible_host = str(host.get("ansible_host") or "").strip()
+    if _ip_version(ansible_host):
+        return ansible_host, "ansible_host"
+    return "", ""
+
+
 def cluster_address(host: Mapping[str, Any], name: str) -> str:
     """The cluster address of inventory host `name`, from its hostvars `host`.
 
@@ -35,17 +47,13 @@ def cluster_address(host: Mapping[str, Any], name: str) -> str:
     pinning are written for IPv4, so an IPv6 address is refused here, before
     any change, rather than half working.
     """
-    given = str(host.get("torchrig_cluster_address") or "").strip()
     ansible_host = str(host.get("ansible_host") or "").strip()
     facts = host.get("ansible_facts") or {}
     route = (facts.get("default_ipv4") or {}).get("address", "")
-    if given:
-        address, source = given, "torchrig_cluster_address"
-    elif _ip_version(ansible_host):
-        address, source = ansible_host, "ansible_host"
-    elif route:
+    address, source = _from_inventory(host)
+    if not address and route:
         address, source = route, "the address of its default route"
-    else:
+    if not address:
         raise AddressError(
             f"{name}: no cluster address. Its ansible_host '{ansible_host or name}' is not an IP "
             "address and it has no IPv4 default route. Set torchrig_cluster_address to the node's "
@@ -71,9 +79,7 @@ def cluster_address(host: Mapping[str, Any], name: str) -> str:
 
 def needs_route_facts(host: Mapping[str, Any]) -> bool:
     """Whether the rule above must read the node's default route (no address given)."""
-    return not str(host.get("torchrig_cluster_address") or "").strip() \
-        and not _ip_version(str(host.get("ansible_host") or "").strip()) \
-        and not (host.get("ansible_facts") or {}).get("default_ipv4")
+    return not _from_inventory(host)[0] and not (host.get("ansible_facts") or {}).get("default_ipv4")
 
 
 class FilterModule:
