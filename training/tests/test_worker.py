@@ -79,6 +79,61 @@ def test_any_other_failure_is_left_to_torchrun_to_retry(tmp_path):
     assert not (tmp_path / worker.FATAL_FILE).exists()
 
 
+def test_the_same_failure_on_the_retry_ends_the_job_with_its_traceback(tmp_path):
+    """A bug in a script: the first failure is retried, the same one on the retry is not."""
+    script = write(tmp_path / "train.py", """\
+        def load(path):
+            raise ValueError(f"no column 'label' in {path}")
+        load("data.csv")
+    """)
+    first = run_worker(tmp_path, str(script))
+    assert first.returncode == 1 and not (tmp_path / worker.FATAL_FILE).exists()
+    second = run_worker(tmp_path, str(script))
+    assert second.returncode == 1
+    record = fatal(tmp_path)
+    assert record["kind"] == "ValueError, the same on a retry"
+    assert record["lines"][0] == "Traceback (most recent call last):"
+    assert record["lines"][-1] == "ValueError: no column 'label' in data.csv"
+    assert "the retry failed the same way" in second.stderr
+
+
+def test_a_different_failure_on_the_retry_is_retried_again(tmp_path):
+    script = write(tmp_path / "train.py", """\
+        import pathlib
+        n = pathlib.Path("attempt")
+        n.write_text(str(int(n.read_text()) + 1) if n.exists() else "1")
+        raise RuntimeError("attempt " + n.read_text())
+    """)
+    for _ in range(3):
+        assert run_worker(tmp_path, str(script)).returncode == 1
+    assert not (tmp_path / worker.FATAL_FILE).exists()
+
+
+def test_a_failure_between_nodes_is_always_retried(tmp_path):
+    """While a peer is away a collective fails the same way each time; it heals when the
+    peer is back, so it is never ended early."""
+    script = write(tmp_path / "train.py", """\
+        class DistNetworkError(RuntimeError):
+            pass
+        raise DistNetworkError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+    """)
+    for _ in range(3):
+        assert run_worker(tmp_path, str(script)).returncode == 1
+    assert not (tmp_path / worker.FATAL_FILE).exists()
+
+
+def test_a_failure_noted_long_before_this_attempt_is_not_its_retry(tmp_path):
+    """The same error in an earlier run of the job (the user re-ran it unchanged hours
+    later) is not a failed retry: this attempt is retried once."""
+    script = write(tmp_path / "train.py", "raise ValueError('bad')\n")
+    assert run_worker(tmp_path, str(script)).returncode == 1
+    note = tmp_path / ".failure-0.json"
+    record = json.loads(note.read_text())
+    note.write_text(json.dumps({**record, "time": record["time"] - worker.REPEAT_WINDOW_S - 1}))
+    assert run_worker(tmp_path, str(script)).returncode == 1
+    assert not (tmp_path / worker.FATAL_FILE).exists()
+
+
 def test_the_script_gets_its_arguments_and_directory_on_the_path(tmp_path):
     write(tmp_path / "helper.py", "VALUE = 'from the script directory'\n")
     script = write(tmp_path / "train.py", """\

@@ -15,8 +15,12 @@ Two things torchrun cannot do by itself:
   syntax error, a missing file) ends the job at once: its lines go to fatal.json in the
   run directory and the worker ends its launcher with SIGUSR2, which the job's unit does
   not restart (RestartPreventExitStatus). Retrying would cost torchrun's restarts and
-  systemd's, over a minute, before anyone saw the error. Any other failure propagates
-  as before, and torchrun and systemd retry it.
+  systemd's, over a minute, before anyone saw the error.
+- Any other failure is retried once. When the retry fails the same way (the same
+  exception type and message, raised at the same line), the job ends as above: a bug in
+  a script is found on the second try, not the twelfth. A failure between nodes (a peer
+  gone, a collective's timeout) is left to torchrun and systemd, as it may heal when
+  the peer is back.
 
 It also hands the entry point the job's extra arguments (TORCHRIG_ARGS, a JSON list, so
 that quoted words stay whole), creates TORCHRIG_OUTPUT_DIR, and on rank 0 writes
@@ -40,6 +44,11 @@ FATAL_FILE = "fatal.json"
 USAGE_EXIT_STATUS = 2  # argparse's, and torchrig.train's
 # Errors that come back unchanged on a retry of the same code and files.
 DETERMINISTIC = (SyntaxError, ImportError, FileNotFoundError, NotADirectoryError, IsADirectoryError)
+# Failures between nodes, which may heal when a peer is back: never ended early.
+TRANSIENT_TYPES = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
+TRANSIENT_WORDS = ("gloo", "nccl", "connection", "timed out", "timeout", "socket", "peer")
+# A failure noted less than this before an attempt started was the attempt just before.
+REPEAT_WINDOW_S = 120.0
 
 # Set in the environment, not a module variable: `python -m torchrig.worker` runs this
 # file as __main__, so the trainer's `import torchrig.worker` would get a fresh copy.
@@ -100,6 +109,50 @@ def classify(exc: BaseException) -> tuple[str, int] | None:
     if isinstance(exc, DETERMINISTIC):
         return "missing file", 1
     return None
+
+
+def failure_signature(exc: BaseException) -> list[str] | None:
+    """What makes two failures the same: type, message and the line that raised.
+
+    None for a failure a retry may heal: one between nodes (torch.distributed's errors,
+    found by name so that torch need not be imported here; a connection or a timeout),
+    or an interrupt.
+    """
+    if isinstance(exc, (KeyboardInterrupt, ConnectionError, TimeoutError)):
+        return None
+    if isinstance(exc, SystemExit):
+        return None if exc.code in (0, None) else ["SystemExit", str(exc.code)]
+    if any(cls.__name__ in TRANSIENT_TYPES for cls in type(exc).__mro__):
+        return None
+    message = str(exc)
+    if any(word in message.lower() for word in TRANSIENT_WORDS):
+        return None
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return [type(exc).__qualname__, message[:2000], where]
+
+
+def failed_the_same_way_before(run_dir: Path, signature: list[str], started: float) -> bool:
+    """Note this failure; True when the attempt just before this one ended the same way.
+
+    "Just before": the note is from under REPEAT_WINDOW_S before this process started,
+    the time torchrun or systemd takes to start the next attempt. One note per local rank,
+    in the node's run directory.
+    """
+    path = run_dir / f".failure-{os.environ.get('LOCAL_RANK', '0')}.json"
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        previous = {}
+    same = (isinstance(previous, dict) and previous.get("signature") == signature
+            and 0 <= started - float(previous.get("time", 0)) < REPEAT_WINDOW_S)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps({"signature": signature, "time": time.time()}) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a run directory that cannot be written only costs the early end
+    return same
 
 
 def end_launcher() -> None:
@@ -181,20 +234,26 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _keep_sigterm if torchrig_entry else _stop_plain_entry)
     tail = StderrTail(sys.stderr)
     sys.stderr = tail
+    started = time.time()
+    run_dir = Path(os.environ.get("TORCHRIG_RUN_DIR", "."))
     try:
         note_job_files()
         run_entry(argv)
     except BaseException as exc:
         found = classify(exc)
+        why = "a retry would fail the same way, so the job ends without one"
         if found is None:
-            raise
+            signature = failure_signature(exc)
+            if signature is None or not failed_the_same_way_before(run_dir, signature, started):
+                raise
+            status = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+            found = f"{signature[0]}, the same on a retry", status
+            why = "the retry failed the same way, so the job ends without another"
         kind, status = found
         lines = tail.lines() if isinstance(exc, SystemExit) else traceback.format_exception(exc)
         sys.stderr = tail.stream
-        run_dir = Path(os.environ.get("TORCHRIG_RUN_DIR", "."))
         write_fatal(run_dir, fatal_record(kind, status, lines))
-        sys.stderr.write(f"torchrig: {kind} (exit status {status}); a retry would fail the same "
-                         "way, so the job ends without one.\n")
+        sys.stderr.write(f"torchrig: {kind} (exit status {status}); {why}.\n")
         sys.stderr.flush()
         if not isinstance(exc, SystemExit):
             sys.stderr.writelines(lines)
