@@ -1,4 +1,7 @@
-"""Fast in-process tests: configuration, schedule, checkpoints, data, bandwidth formula."""
+"""Fast in-process tests: schedule, checkpoints, data, bandwidth formula, precision.
+
+The configuration's are in test_config.py, the Trainer's in test_trainer.py.
+"""
 
 from __future__ import annotations
 
@@ -20,73 +23,12 @@ import yaml
 
 from launch import child_env
 from torchrig import allreduce_bench, checkpoint, clock_offset, data
-from torchrig.config import parse_config
 from torchrig.dist import DistEnv
 from torchrig.train import lr_factor
 
 
 def single_env() -> DistEnv:
     return DistEnv(0, 0, 1, 1, torch.device("cpu"), None, 1, "host")
-
-
-# --- configuration --------------------------------------------------------------------
-
-@pytest.mark.parametrize("argv, names", [
-    (["--lr", "-1"], ["--lr", "> 0"]),
-    (["--lr", "fast"], ["--lr", "a number"]),
-    (["--batch-size", "0"], ["--batch-size", ">= 1"]),
-    (["--epochs", "2.5"], ["--epochs", "an integer"]),
-    (["--momentum", "1"], ["--momentum", "< 1"]),
-    (["--dataset", "imagenet"], ["--dataset", "mnist5k", "cifar10"]),
-    (["--model", "vit"], ["--model", "resnet18"]),
-    (["--precision", "fp8"], ["--precision", "bf16"]),
-])
-def test_bad_flag_value_names_flag_and_allowed(argv, names, capsys):
-    with pytest.raises(SystemExit) as exc:
-        parse_config(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    for name in names:
-        assert name in err, err
-
-
-def test_yaml_config_validated_and_overridden_by_flags(tmp_path: Path, capsys):
-    cfg_file = tmp_path / "c.yaml"
-    cfg_file.write_text(yaml.safe_dump({"batch_size": 16, "lr": 0.01, "compile": True,
-                                        "checkpoint-every": 7, "resume": False}))
-    cfg = parse_config(["--config", str(cfg_file), "--lr", "0.5"])
-    assert (cfg.batch_size, cfg.lr, cfg.compile, cfg.checkpoint_every, cfg.resume) == (
-        16, 0.5, True, 7, False)
-
-    for content, names in [({"batch_sise": 16}, ["batch_sise", "unknown key", "batch-size"]),
-                           ({"lr": -2}, ["lr", "--lr", "> 0"]),
-                           ({"optimizer": "lion"}, ["optimizer", "adamw", "sgd"]),
-                           ({"compile": "yes"}, ["compile", "true or false"])]:
-        cfg_file.write_text(yaml.safe_dump(content))
-        with pytest.raises(SystemExit) as exc:
-            parse_config(["--config", str(cfg_file)])
-        assert exc.value.code == 2
-        err = capsys.readouterr().err
-        assert all(n in err for n in names), err
-
-
-def test_written_config_yaml_round_trips(tmp_path: Path):
-    cfg = parse_config(["--lr", "0.003", "--no-resume", "--run-dir", str(tmp_path)])
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
-    assert parse_config(["--config", str(tmp_path / "config.yaml")]) == cfg
-
-
-def test_cli_exit_code_and_help():
-    run = [sys.executable, "-m", "torchrig.train"]
-    bad = subprocess.run([*run, "--keep-checkpoints", "0"], capture_output=True, text=True,
-                         timeout=120, env=child_env())
-    assert bad.returncode == 2 and "--keep-checkpoints" in bad.stderr
-    helped = subprocess.run([*run, "--help"], capture_output=True, text=True, timeout=120,
-                            env=child_env())
-    assert helped.returncode == 0
-    for flag in ("--checkpoint-every", "--grad-accum", "--clip-grad", "--channels-last",
-                 "--compile", "--config", "--run-dir", "--download"):
-        assert flag in helped.stdout
 
 
 # --- schedule ---------------------------------------------------------------------------

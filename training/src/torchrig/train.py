@@ -8,6 +8,7 @@ Exit status: 0 done (or stopped by SIGTERM after a checkpoint), 2 bad usage, 1 f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -16,6 +17,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import yaml
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
@@ -203,10 +206,14 @@ def choose_precision(requested: str, capability: tuple[int, int] | None) -> str:
     return requested
 
 
+def capability(device: torch.device) -> tuple[int, int] | None:
+    """The GPU's compute capability; None for the CPU."""
+    return torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+
+
 def auto_precision(device: torch.device) -> str:
     """--precision auto on this device (see choose_precision)."""
-    return choose_precision("auto", torch.cuda.get_device_capability(device)
-                            if device.type == "cuda" else None)
+    return choose_precision("auto", capability(device))
 
 
 def seed_everything(seed: int) -> None:
@@ -217,246 +224,376 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train(cfg: Config, env: DistEnv) -> int:
-    t_start = time.perf_counter()
-    run_dir = Path(cfg.run_dir)
-    ckpt_dir = run_dir / "checkpoints"
-    stop = StopRequest(env)  # first thing: a SIGTERM during set-up must not kill us either
-    seed_everything(cfg.seed)
-
-    # With --download, each node's local rank 0 fetches first; the others wait, so no two
-    # processes write the same files.
-    if cfg.download and env.local_rank != 0:
-        dist.barrier(env)
-    data = load_dataset(cfg.dataset, cfg.data_dir, cfg.download and env.local_rank == 0)
-    if cfg.download and env.local_rank == 0:
-        dist.barrier(env)
-    data = data.to(env.device)
-
-    raw_model = build_model(cfg.model, data.in_channels, data.num_classes, data.image_size)
-    raw_model = raw_model.to(env.device)
-    if cfg.channels_last:
-        raw_model = raw_model.to(memory_format=torch.channels_last)
+def build_optimizer(cfg: Config, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
     # Fused kernels: one kernel per step instead of several per tensor. On the CPU the
     # default (foreach) AdamW step took 2.3-3.5 ms for this 0.2M-parameter CNN, the fused
     # one 0.65 ms.
     if cfg.optimizer == "adamw":
-        opt = torch.optim.AdamW(raw_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                fused=True)
-    else:
-        opt = torch.optim.SGD(raw_model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                              weight_decay=cfg.weight_decay, nesterov=cfg.momentum > 0,
-                              fused=True)
+        return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
+                           weight_decay=cfg.weight_decay, nesterov=cfg.momentum > 0, fused=True)
 
-    # The whole global batch is one slice of one permutation whatever the world size, so
-    # runs with the same global batch see the same samples at each step.
-    sampler = DistributedSampler(range(len(data.train_y)), num_replicas=env.world_size,
-                                 rank=env.rank, shuffle=True, seed=cfg.seed)
-    steps_per_epoch = len(sampler) // cfg.batch_size // cfg.grad_accum
-    global_batch = cfg.batch_size * cfg.grad_accum * env.world_size
-    if steps_per_epoch == 0:
-        raise UsageError(f"--batch-size x --grad-accum x world size = {global_batch} is more "
-                         f"than the {len(data.train_y)} training samples")
-    total_steps = steps_per_epoch * cfg.epochs
-    last_step = min(total_steps, cfg.max_steps) if cfg.max_steps else total_steps
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(
-        lr_factor, warmup=cfg.warmup_steps, total=total_steps, min_ratio=cfg.min_lr_ratio))
 
-    precision = choose_precision(cfg.precision, torch.cuda.get_device_capability(env.device)
-                                 if env.device.type == "cuda" else None)
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    autocast = partial(torch.autocast, env.device.type, dtype=amp_dtype,
-                       enabled=amp_dtype is not None)
-    scaler = torch.amp.GradScaler(env.device.type, enabled=precision == "fp16")
+@dataclasses.dataclass
+class Progress:
+    """Where the run is; a checkpoint keeps these fields under their own names."""
 
-    step, epoch, step_in_epoch, resumed_from = 0, 0, 0, None
-    if env.local_rank == 0:
-        checkpoint.remove_stale_temps(ckpt_dir)
-        # Rank 0 may land on another node this time: a summary.json or model left here
-        # by an earlier attempt would then read as this run's result.
-        (run_dir / "summary.json").unlink(missing_ok=True)
-        export.remove_model(run_dir)
-    if cfg.resume:
-        found, state = checkpoint.agree_on_resume(ckpt_dir, env)
-        if state is not None:
-            raw_model.load_state_dict(state["model"])
-            opt.load_state_dict(state["optimizer"])
-            sched.load_state_dict(state["scheduler"])
-            scaler.load_state_dict(state["scaler"])
-            checkpoint.set_rng_state(state["rng"], env.device)
-            step, epoch, step_in_epoch = state["step"], state["epoch"], state["step_in_epoch"]
-            resumed_from = found
-            if state["global_batch"] != global_batch:
-                log.warning("the checkpoint was written with global batch %d, this run has %d: "
-                            "the position within the epoch is approximate",
-                            state["global_batch"], global_batch)
-            log.info("resumed from step %d (epoch %d, step %d of %d in it)", step, epoch,
-                     step_in_epoch, steps_per_epoch)
-            del state
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # epochs done
+    step_in_epoch: int = 0  # optimizer steps done in the current epoch
 
-    model: torch.nn.Module = raw_model
-    if env.world_size > 1:
-        model = DDP(raw_model, device_ids=[env.device.index] if env.device.type == "cuda"
-                    else None)
-    ddp = model
-    if cfg.compile:
-        model = torch.compile(model)
 
-    hosts = dist.all_gather_object(env.hostname, env)
-    out = None
-    if env.is_main:
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        out = Outputs(run_dir, step, last_step)
-        out.say(f"{cfg.dataset}: {len(data.train_y)} train / {len(data.test_y)} held-out, "
-                f"model {cfg.model} ({sum(p.numel() for p in raw_model.parameters())} params), "
-                f"world {env.world_size} on {len(set(hosts))} host(s), global batch "
-                f"{global_batch}, {steps_per_epoch} steps/epoch, {last_step} steps, "
-                f"{precision}, {env.threads} threads/process, device {env.device.type}")
+class Window:
+    """This rank's training metrics since the last train record, and the run's throughput.
 
-    def save() -> None:
-        if env.local_rank == 0:  # one copy per node: resume needs no shared storage
-            state = {
-                "model": raw_model.state_dict(), "optimizer": opt.state_dict(),
-                "scheduler": sched.state_dict(), "scaler": scaler.state_dict(),
-                "step": step, "epoch": epoch, "step_in_epoch": step_in_epoch,
-                "global_batch": global_batch, "world_size": env.world_size,
-                "rng": checkpoint.rng_state(env.device), "config": cfg.to_dict(),
-            }
-            checkpoint.save_atomic(state, checkpoint.path_for(ckpt_dir, step))
-            checkpoint.prune(ckpt_dir, cfg.keep_checkpoints, newest=step)
+    Loss, correct predictions and samples are summed on the device: no host sync per
+    step, one per train record.
+    """
 
-    window = torch.zeros(3, device=env.device)  # loss sum, correct, samples (this rank)
-    window_steps, window_t0 = 0, time.perf_counter()
-    train_time, train_samples = 0.0, 0
-    window_rates: list[float] = []  # samples/s of each logged window, for the steady rate
-    saved_step, eval_step, result = None, None, None
-    stopped = False
+    def __init__(self, device: torch.device) -> None:
+        self.sums = torch.zeros(3, device=device)  # loss sum, correct, samples
+        self.steps = 0
+        self.t0 = time.perf_counter()
+        self.train_time, self.train_samples = 0.0, 0
+        self.rates: list[float] = []  # samples/s of each record, for the steady rate
 
-    def log_train() -> None:
-        nonlocal window_steps, window_t0, train_time, train_samples
-        w = dist.all_reduce_sum(window.clone())
-        if env.device.type == "cuda":
+    def add(self, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
+        """A micro-batch's loss (scaled by 1 / --grad-accum) and predictions."""
+        self.sums[0] += loss.detach().float()
+        self.sums[1] += (logits.argmax(1) == y).sum()
+
+    def end_step(self, samples: int) -> None:
+        """An optimizer step of `samples` samples (on this rank) is done."""
+        self.sums[2] += samples
+        self.steps += 1
+
+    def restart_clock(self) -> None:
+        """Evaluation is not training time."""
+        self.t0 = time.perf_counter()
+
+    def close(self, global_batch: int) -> tuple[torch.Tensor, float]:
+        """All ranks' sums and the global samples/s of the window; starts the next one."""
+        sums = dist.all_reduce_sum(self.sums.clone())
+        if self.sums.device.type == "cuda":
             torch.cuda.synchronize()
-        dt = time.perf_counter() - window_t0
-        samples = window_steps * global_batch
-        train_time += dt
-        train_samples += samples
-        window_rates.append(samples / dt)
-        if out is not None:
-            # epoch: epochs done, fractional, as in the eval records (1.0 = end of the first)
-            out.record({"split": "train", "step": step,
-                        "epoch": round(epoch + step_in_epoch / steps_per_epoch, 4),
-                        "loss": (w[0] * cfg.grad_accum * cfg.batch_size / w[2]).item(),
-                        "accuracy": (w[1] / w[2]).item(), "lr": sched.get_last_lr()[0],
-                        "samples_per_s": samples / dt})
-        window.zero_()
-        window_steps, window_t0 = 0, time.perf_counter()
+        dt = time.perf_counter() - self.t0
+        samples = self.steps * global_batch
+        self.train_time += dt
+        self.train_samples += samples
+        self.rates.append(samples / dt)
+        self.sums.zero_()
+        self.steps, self.t0 = 0, time.perf_counter()
+        return sums, samples / dt
 
-    while epoch < cfg.epochs and step < last_step:
-        sampler.set_epoch(epoch)
-        order = torch.tensor(list(sampler), device=env.device)
-        model.train()
-        for i in range(step_in_epoch, steps_per_epoch):
-            for micro in range(cfg.grad_accum):
-                j = (i * cfg.grad_accum + micro) * cfg.batch_size
-                b = order[j:j + cfg.batch_size]
-                x, y = data.train_x[b], data.train_y[b]
-                if cfg.channels_last:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                # Gradients are all-reduced only on the last micro-step of a step.
-                sync = (ddp.no_sync() if ddp is not raw_model and micro < cfg.grad_accum - 1
-                        else contextlib.nullcontext())
-                with sync:
-                    with autocast():
-                        logits = model(x)
-                        loss = F.cross_entropy(logits, y) / cfg.grad_accum
-                    scaler.scale(loss).backward()
-                # Accumulated on the device: no host sync per step, one per log line.
-                window[0] += loss.detach().float()
-                window[1] += (logits.argmax(1) == y).sum()
-            window[2] += cfg.batch_size * cfg.grad_accum
-            if cfg.clip_grad > 0:
-                scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.clip_grad)
-            scaler.step(opt)
-            scaler.update()
-            opt.zero_grad(set_to_none=True)
-            sched.step()
-            step, step_in_epoch, window_steps = step + 1, i + 1, window_steps + 1
-            if out is not None:
-                out.step()
-            stopped = stop.vote()
-            ckpt_due = cfg.checkpoint_every > 0 and step % cfg.checkpoint_every == 0
-            if (step % cfg.log_every == 0 or ckpt_due or stopped or step == last_step
-                    or step_in_epoch == steps_per_epoch):
-                log_train()
+    def samples_per_s(self) -> float | None:
+        return self.train_samples / self.train_time if self.train_time else None
+
+    def steady_samples_per_s(self) -> float | None:
+        # The median window after the first: the first holds cuDNN autotuning and
+        # torch.compile, which on a GPU can cost more than a short run's training.
+        return float(np.median(self.rates[1:])) if len(self.rates) > 1 else None
+
+
+class Trainer:
+    """One rank's training run: its parts, built in __init__, and the loop.
+
+    Parts: data (the whole set on the device), raw_model (the module itself, what is
+    saved and evaluated) and model (raw_model under DDP and torch.compile, what is
+    trained), optimizer, scheduler, scaler (active in fp16 only), sampler (data order), stop
+    (the SIGTERM vote), window (metrics) and, on rank 0, out (metrics files and log).
+
+        trainer = Trainer(cfg, env)   # builds, and resumes from the newest checkpoint
+        trainer.train()               # train_step after train_step, evaluating each epoch
+
+    state_dict() and load_state_dict() are the checkpoint's one definition.
+    """
+
+    def __init__(self, cfg: Config, env: DistEnv) -> None:
+        self.t_start = time.perf_counter()
+        self.cfg, self.env = cfg, env
+        self.run_dir = Path(cfg.run_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.stop = StopRequest(env)  # first thing: a SIGTERM during set-up must not kill us
+        seed_everything(cfg.seed)
+        self.data = self._load_data()
+
+        self.raw_model = build_model(cfg.model, self.data.in_channels, self.data.num_classes,
+                                     self.data.image_size).to(env.device)
+        if cfg.channels_last:
+            self.raw_model = self.raw_model.to(memory_format=torch.channels_last)
+        self.optimizer = build_optimizer(cfg, self.raw_model.parameters())
+
+        # The whole global batch is one slice of one permutation whatever the world size,
+        # so runs with the same global batch see the same samples at each step.
+        self.sampler = DistributedSampler(range(len(self.data.train_y)),
+                                          num_replicas=env.world_size, rank=env.rank,
+                                          shuffle=True, seed=cfg.seed)
+        self.steps_per_epoch = len(self.sampler) // cfg.batch_size // cfg.grad_accum
+        self.global_batch = cfg.batch_size * cfg.grad_accum * env.world_size
+        if self.steps_per_epoch == 0:
+            raise UsageError(f"--batch-size x --grad-accum x world size = {self.global_batch} "
+                             f"is more than the {len(self.data.train_y)} training samples")
+        total_steps = self.steps_per_epoch * cfg.epochs
+        self.last_step = min(total_steps, cfg.max_steps) if cfg.max_steps else total_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(
+            lr_factor, warmup=cfg.warmup_steps, total=total_steps, min_ratio=cfg.min_lr_ratio))
+
+        self.precision = choose_precision(cfg.precision, capability(env.device))
+        amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        self.autocast = partial(torch.autocast, env.device.type, dtype=amp_dtype,
+                                enabled=amp_dtype is not None)
+        self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.precision == "fp16")
+
+        self.progress = Progress()
+        self.resumed_from: int | None = None
+        self._clear_earlier_results()
+        if cfg.resume:
+            self.resume()
+
+        self.model: torch.nn.Module = self.raw_model
+        if env.world_size > 1:
+            self.model = DDP(self.raw_model, device_ids=[env.device.index]
+                             if env.device.type == "cuda" else None)
+        self.ddp = self.model  # what no_sync() is called on
+        if cfg.compile:
+            self.model = torch.compile(self.model)
+
+        self.hosts = dist.all_gather_object(env.hostname, env)
+        self.out = self._open_outputs() if env.is_main else None
+        self.saved_step: int | None = None  # the step of this run's newest checkpoint
+        self.result: tuple[int, float, float] | None = None  # step, loss, accuracy: last eval
+        self.window = Window(env.device)  # last: its clock starts with the training
+
+    # --- building --------------------------------------------------------------------
+
+    def _load_data(self) -> Data:
+        cfg, env = self.cfg, self.env
+        # With --download, each node's local rank 0 fetches first; the others wait, so no
+        # two processes write the same files.
+        fetch = cfg.download and env.local_rank == 0
+        if cfg.download and not fetch:
+            dist.barrier(env)
+        data = load_dataset(cfg.dataset, cfg.data_dir, fetch)
+        if fetch:
+            dist.barrier(env)
+        return data.to(env.device)
+
+    def _clear_earlier_results(self) -> None:
+        if self.env.local_rank == 0:
+            checkpoint.remove_stale_temps(self.ckpt_dir)
+            # Rank 0 may land on another node this time: a summary.json or model left
+            # here by an earlier attempt would then read as this run's result.
+            (self.run_dir / "summary.json").unlink(missing_ok=True)
+            export.remove_model(self.run_dir)
+
+    def _open_outputs(self) -> Outputs:
+        cfg, env, data = self.cfg, self.env, self.data
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        out = Outputs(self.run_dir, self.progress.step, self.last_step)
+        params = sum(p.numel() for p in self.raw_model.parameters())
+        out.say(f"{cfg.dataset}: {len(data.train_y)} train / {len(data.test_y)} held-out, "
+                f"model {cfg.model} ({params} params), world {env.world_size} on "
+                f"{len(set(self.hosts))} host(s), global batch {self.global_batch}, "
+                f"{self.steps_per_epoch} steps/epoch, {self.last_step} steps, "
+                f"{self.precision}, {env.threads} threads/process, device {env.device.type}")
+        return out
+
+    # --- checkpoints -----------------------------------------------------------------
+
+    def _stateful(self) -> dict[str, Any]:
+        """The parts that have a state_dict of their own, by their checkpoint key."""
+        return {"model": self.raw_model, "optimizer": self.optimizer,
+                "scheduler": self.scheduler, "scaler": self.scaler}
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint holds. global_batch, world_size and config describe the run
+        that wrote it: a resume warns when global_batch differs, and people read the rest."""
+        return {
+            **{key: part.state_dict() for key, part in self._stateful().items()},
+            **dataclasses.asdict(self.progress),
+            "global_batch": self.global_batch, "world_size": self.env.world_size,
+            "rng": checkpoint.rng_state(self.env.device), "config": self.cfg.to_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, part in self._stateful().items():
+            part.load_state_dict(state[key])
+        checkpoint.set_rng_state(state["rng"], self.env.device)
+        self.progress = Progress(**{f.name: state[f.name]
+                                    for f in dataclasses.fields(Progress)})
+        if state["global_batch"] != self.global_batch:
+            log.warning("the checkpoint was written with global batch %d, this run has %d: "
+                        "the position within the epoch is approximate",
+                        state["global_batch"], self.global_batch)
+
+    def resume(self) -> None:
+        """Load the newest checkpoint every rank agrees on, if there is one."""
+        found, state = checkpoint.agree_on_resume(self.ckpt_dir, self.env)
+        if state is None:
+            return
+        self.load_state_dict(state)
+        self.resumed_from = found
+        p = self.progress
+        log.info("resumed from step %d (epoch %d, step %d of %d in it)", p.step, p.epoch,
+                 p.step_in_epoch, self.steps_per_epoch)
+
+    def save_checkpoint(self) -> None:
+        if self.env.local_rank == 0:  # one copy per node: resume needs no shared storage
+            step = self.progress.step
+            checkpoint.save_atomic(self.state_dict(), checkpoint.path_for(self.ckpt_dir, step))
+            checkpoint.prune(self.ckpt_dir, self.cfg.keep_checkpoints, newest=step)
+        self.saved_step = self.progress.step
+
+    # --- training --------------------------------------------------------------------
+
+    def train_step(self, indices: torch.Tensor) -> None:
+        """One optimizer step on this rank's `indices` of the global batch, in
+        --grad-accum micro-batches."""
+        cfg = self.cfg
+        micro_batches = indices.split(cfg.batch_size)
+        for micro, b in enumerate(micro_batches):
+            x, y = self.data.train_x[b], self.data.train_y[b]
+            if cfg.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            # Gradients are all-reduced only on the last micro-step of a step.
+            last = micro == len(micro_batches) - 1
+            sync = (self.ddp.no_sync() if self.ddp is not self.raw_model and not last
+                    else contextlib.nullcontext())
+            with sync:
+                with self.autocast():
+                    logits = self.model(x)
+                    loss = F.cross_entropy(logits, y) / cfg.grad_accum
+                self.scaler.scale(loss).backward()
+            self.window.add(loss, logits, y)
+        if cfg.clip_grad > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), cfg.clip_grad)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.window.end_step(len(indices))
+
+    def train_epoch(self) -> bool:
+        """The rest of the current epoch, or up to the last step; True when the ranks
+        agreed to stop (a checkpoint is then saved)."""
+        cfg, p = self.cfg, self.progress
+        self.sampler.set_epoch(p.epoch)
+        order = torch.tensor(list(self.sampler), device=self.env.device)
+        per_step = cfg.batch_size * cfg.grad_accum
+        self.model.train()
+        while p.step_in_epoch < self.steps_per_epoch:
+            start = p.step_in_epoch * per_step
+            self.train_step(order[start:start + per_step])
+            p.step, p.step_in_epoch = p.step + 1, p.step_in_epoch + 1
+            if self.out is not None:
+                self.out.step()
+            stopped = self.stop.vote()
+            ckpt_due = cfg.checkpoint_every > 0 and p.step % cfg.checkpoint_every == 0
+            if (p.step % cfg.log_every == 0 or ckpt_due or stopped or p.step == self.last_step
+                    or p.step_in_epoch == self.steps_per_epoch):
+                self.log_train()
             if ckpt_due or stopped:
-                save()
-                saved_step = step
-            if stopped or step >= last_step:
+                self.save_checkpoint()
+            if stopped:
+                return True
+            if p.step >= self.last_step:
                 break
-        if stopped:
-            break
-        if step_in_epoch == steps_per_epoch:
-            loss, acc = evaluate(raw_model, data, env, cfg.eval_batch_size, autocast,
-                                 cfg.channels_last)
-            eval_step, result = step, (loss, acc)
-            if out is not None:
-                out.record({"split": "eval", "step": step, "epoch": epoch + 1, "loss": loss,
-                            "accuracy": acc})
-            epoch, step_in_epoch = epoch + 1, 0
-            window_t0 = time.perf_counter()  # evaluation is not training time
+        return False
 
-    stop.finish()
-    if stopped:
-        # On every rank, so each node's journal says why its workers exited.
-        log.warning("rank %d: stopped at step %d on SIGTERM (%s), checkpoint saved; exiting 0",
-                    env.rank, step, "received here" if stop.requested else "on another rank")
-        if out is not None:
-            out.close()
+    def epochs_done(self) -> float:
+        """Epochs done, fractional (1.0 = the end of the first), as the records give it."""
+        p = self.progress
+        return round(p.epoch + p.step_in_epoch / self.steps_per_epoch, 4)
+
+    def log_train(self) -> None:
+        sums, samples_per_s = self.window.close(self.global_batch)
+        if self.out is not None:
+            cfg = self.cfg
+            self.out.record({"split": "train", "step": self.progress.step,
+                             "epoch": self.epochs_done(),
+                             "loss": (sums[0] * cfg.grad_accum * cfg.batch_size / sums[2]).item(),
+                             "accuracy": (sums[1] / sums[2]).item(),
+                             "lr": self.scheduler.get_last_lr()[0],
+                             "samples_per_s": samples_per_s})
+
+    def evaluate_held_out(self, epoch: float) -> None:
+        """Evaluate on the held-out set and record it under `epoch` (epochs done)."""
+        loss, acc = evaluate(self.raw_model, self.data, self.env, self.cfg.eval_batch_size,
+                             self.autocast, self.cfg.channels_last)
+        self.result = (self.progress.step, loss, acc)
+        if self.out is not None:
+            self.out.record({"split": "eval", "step": self.progress.step, "epoch": epoch,
+                             "loss": loss, "accuracy": acc})
+
+    def train(self) -> int:
+        """Train to --epochs or --max-steps, then finish; or stop on SIGTERM. Returns 0."""
+        p = self.progress
+        stopped = False
+        while p.epoch < self.cfg.epochs and p.step < self.last_step:
+            stopped = self.train_epoch()
+            if stopped:
+                break
+            if p.step_in_epoch == self.steps_per_epoch:
+                self.evaluate_held_out(p.epoch + 1)
+                p.epoch, p.step_in_epoch = p.epoch + 1, 0
+                self.window.restart_clock()
+        self.stop.finish()
+        if stopped:
+            # On every rank, so each node's journal says why its workers exited.
+            log.warning("rank %d: stopped at step %d on SIGTERM (%s), checkpoint saved; "
+                        "exiting 0", self.env.rank, p.step,
+                        "received here" if self.stop.requested else "on another rank")
+            if self.out is not None:
+                self.out.close()
+            return 0
+        self.finish()
         return 0
 
-    if eval_step != step:  # --max-steps ended mid-epoch, or resumed at the very end
-        result = evaluate(raw_model, data, env, cfg.eval_batch_size, autocast, cfg.channels_last)
-        if out is not None:
-            out.record({"split": "eval", "step": step,
-                        "epoch": round(epoch + step_in_epoch / steps_per_epoch, 4),
-                        "loss": result[0], "accuracy": result[1]})
-    if saved_step != step:
-        save()
-    if out is not None:
-        out.close()
+    # --- the end ---------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """The final evaluation and checkpoint; on rank 0, the exported model and summary."""
+        p = self.progress
+        if self.result is None or self.result[0] != p.step:
+            # --max-steps ended mid-epoch, or resumed at the very end
+            self.evaluate_held_out(self.epochs_done())
+        if self.saved_step != p.step:
+            self.save_checkpoint()
+        if self.out is None:
+            return
+        self.out.close()
+        _, loss, accuracy = self.result
+        cfg, data = self.cfg, self.data
         summary = {
-            "accuracy": result[1], "loss": result[0], "world_size": env.world_size,
-            "epochs": cfg.epochs, "steps": step, "global_batch": global_batch,
-            "samples_per_s": train_samples / train_time if train_time else None,
-            # The median window after the first: the first holds cuDNN autotuning and
-            # torch.compile, which on a GPU can cost more than a short run's training.
-            "samples_per_s_steady": (float(np.median(window_rates[1:]))
-                                     if len(window_rates) > 1 else None),
-            "resumed_from_step": resumed_from, "nodes": hosts,
-            "duration_s": time.perf_counter() - t_start, "dataset": cfg.dataset,
-            "model": cfg.model, "precision": precision, "threads_per_process": env.threads,
+            "accuracy": accuracy, "loss": loss, "world_size": self.env.world_size,
+            "epochs": cfg.epochs, "steps": p.step, "global_batch": self.global_batch,
+            "samples_per_s": self.window.samples_per_s(),
+            "samples_per_s_steady": self.window.steady_samples_per_s(),
+            "resumed_from_step": self.resumed_from, "nodes": self.hosts,
+            "duration_s": time.perf_counter() - self.t_start, "dataset": cfg.dataset,
+            "model": cfg.model, "precision": self.precision,
+            "threads_per_process": self.env.threads,
         }
         # The final model, weights only, with what rebuilds it (torchrig-eval, README);
         # before summary.json, which says the run is complete.
-        export.save_model(run_dir, raw_model, {
+        export.save_model(self.run_dir, self.raw_model, {
             "model": cfg.model, "dataset": cfg.dataset, "num_classes": data.num_classes,
             "classes": data.classes, "input_shape": list(data.test_x.shape[1:]),
-            "mean": data.mean, "std": data.std, "accuracy": result[1], "loss": result[0],
-            "held_out_samples": len(data.test_y), "steps": step, "epochs": cfg.epochs,
-            "precision": precision, "seed": cfg.seed, "torch": torch.__version__,
+            "mean": data.mean, "std": data.std, "accuracy": accuracy, "loss": loss,
+            "held_out_samples": len(data.test_y), "steps": p.step, "epochs": cfg.epochs,
+            "precision": self.precision, "seed": cfg.seed, "torch": torch.__version__,
         })
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         try:
-            plot_metrics(out.metrics, run_dir / "metrics.png")
+            plot_metrics(self.out.metrics, self.run_dir / "metrics.png")
         except ImportError:
             log.info("matplotlib is not installed: no metrics.png")
         log.info("done: held-out accuracy %.4f, loss %.4f, %d steps, %.0f samples/s",
-                 result[1], result[0], step, summary["samples_per_s"] or 0)
-    return 0
+                 accuracy, loss, p.step, summary["samples_per_s"] or 0)
 
 
+@record  # under torchrun, a worker's exception and traceback reach torchrun's error report
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(argv)  # exits 2 with a message naming the flag on a bad value
     if cfg.deterministic:
@@ -477,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
     pid_file = Path(cfg.run_dir) / f"worker-rank{env.rank}.pid"  # lets an operator find us
     pid_file.write_text(f"{os.getpid()}\n")
     try:
-        return train(cfg, env)
+        return Trainer(cfg, env).train()
     except UsageError as e:
         if env.local_rank == 0:
             print(f"torchrig-train: error: {e}", file=sys.stderr, flush=True)
