@@ -51,5 +51,5 @@ def test_train_refuses_an_ipv6_cluster_address_before_any_host_is_touched(tmp_pa
     assert proc.returncode != 0, proc.stdout
     assert "node1: torchrig_cluster_address is the IPv6 address 2001:db8::11" in out, proc.stdout
     # The torchrun role's first task reads the node; it never ran.
-    assert "TASK [torchrun" not in proc.stdout
+    assert "TASK [torchrun :" not in proc.stdout
     assert "UNREACHABLE" not in proc.stdout
