@@ -1,14 +1,10 @@
-"""health.yml's findings, report and table (roles/health/filter_plugins/health_report.py),
-and the script that reads a node's stack (roles/health/files/health_stack.py)."""
+"""health.yml's findings, report and table (roles/health/filter_plugins/health_report.py)
+(the node's stack comes from the pytorch role's report, tested in test_torch_report.py)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
-from rolepy import ROOT, load
+from rolepy import load
 
 health = load("roles/health/filter_plugins/health_report.py", "health_report")
 
@@ -18,7 +14,7 @@ CLOCK = {"offset_s": 0.000123456, "error_s": 0.00051}
 
 
 def node(host="node1", stack=None, clock=CLOCK, profile="cpu", gpus=0, gpu=CPU_GPU, limit=1.0):
-    stack = stack or {"torch": "2.14.1+cu130", "cuda": "13.0", "gpus": 0}
+    stack = stack or {"torch": "2.14.1+cu130", "cuda": "13.0", "devices": 0}
     return health.node_findings(stack, clock, host, MATRIX, gpus, profile, gpu, limit)
 
 
@@ -32,14 +28,14 @@ def bench(busbw_at_64mb=0.5):
 def test_a_cpu_node_that_matches_the_matrix():
     found = node()
     assert found == {
-        "stack": {"torch": "2.14.1+cu130", "cuda": "13.0", "gpus": 0}, "want_torch": "2.14.1",
+        "stack": {"torch": "2.14.1+cu130", "cuda": "13.0", "devices": 0}, "want_torch": "2.14.1",
         "torch_matches": True, "want_cuda": "13.0", "want_gpus": 0, "gpu": CPU_GPU, "gpu_problems": [],
         "clock_offset_s": 0.0001, "clock_error_s": 0.0005, "clock_over_limit": False,
     }
 
 
 def test_torch_that_sees_fewer_gpus_than_preflight_found():
-    found = node(stack={"torch": "2.14.1+cu130", "cuda": "13.0", "gpus": 7}, profile="gpu", gpus="8",
+    found = node(stack={"torch": "2.14.1+cu130", "cuda": "13.0", "devices": 7}, profile="gpu", gpus="8",
                  gpu={"problems": ["node1: GPU 3 has uncorrectable ECC errors"]})
     assert found["want_gpus"] == 8
     assert found["gpu_problems"] == [
@@ -72,7 +68,7 @@ def test_a_healthy_report():
 
 
 def test_every_threshold_that_is_not_met_is_named():
-    nodes = {"node1": node("node1", stack={"torch": "2.13.0", "cuda": None, "gpus": 0}),
+    nodes = {"node1": node("node1", stack={"torch": "2.13.0", "cuda": None, "devices": 0}),
              "node2": node("node2", clock={"offset_s": 3.0, "error_s": 0.1})}
     report = health.report(nodes, {"node1": 8.0, "node2": 0.5}, bench(0.01), "node1", 1.0, "1", 0.5)
     assert report["problems"] == [
@@ -91,7 +87,7 @@ def test_one_node_has_no_link_and_no_ratio():
 
 def test_the_table():
     nodes = {"node1": node("node1"), "node2": node("node2", profile="gpu", gpus=1,
-                                                   stack={"torch": "2.14.1+cu130", "cuda": "13.0", "gpus": 1},
+                                                   stack={"torch": "2.14.1+cu130", "cuda": "13.0", "devices": 1},
                                                    gpu={"problems": ["x", "y"]})}
     report = health.report(nodes, {"node1": 8.0, "node2": None}, bench(), "node1", 1.0, 0, 0)
     assert health.table(report, "/runs/health/report.json") == [
@@ -106,13 +102,3 @@ def test_the_table():
         "report: /runs/health/report.json",
     ]
 
-
-def test_the_stack_script_prints_one_json_line():
-    """Run with this venv's python, which has torch (as the nodes' venv has)."""
-    pytest.importorskip("torch")
-    out = subprocess.run([sys.executable, str(ROOT / "roles/health/files/health_stack.py")], check=True,
-                         capture_output=True, text=True, timeout=300).stdout
-    stack = json.loads(out.splitlines()[-1])
-    import torch
-
-    assert stack == {"torch": torch.__version__, "cuda": torch.version.cuda, "gpus": torch.cuda.device_count()}

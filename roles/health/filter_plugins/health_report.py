@@ -19,13 +19,13 @@ def node_findings(stack: Mapping[str, Any], clock: Mapping[str, Any], host: str,
     """One node: its torch against the matrix row preflight chose, its GPUs against what
     preflight found (GPU profile only), its clock against the first node's.
 
-    `stack`: files/health_stack.py's output; `clock`: torchrig.clock_offset's (offset_s,
-    error_s); `gpu`: preflight's health findings (`problems`, `skipped`).
+    `stack`: the pytorch role's torch report (torch, cuda, torchvision, devices);
+    `clock`: torchrig.clock_offset's (offset_s, error_s); `gpu`: preflight's health findings (`problems`, `skipped`).
     """
     gpu_problems = list(gpu.get("problems") or [])
-    if profile == "gpu" and stack["gpus"] != int(preflight_gpus):
+    if profile == "gpu" and stack["devices"] != int(preflight_gpus):
         gpu_problems.append(
-            f"{host}: torch sees {stack['gpus']} GPU(s), preflight found {preflight_gpus}. Needs: every GPU "
+            f"{host}: torch sees {stack['devices']} GPU(s), preflight found {preflight_gpus}. Needs: every GPU "
             "visible to CUDA (a pending reboot, CUDA_VISIBLE_DEVICES, the driver).")
     limit = float(max_clock_offset_s)
     return {
@@ -81,7 +81,7 @@ def table(health: Mapping[str, Any], path: str) -> list[str]:
         problems = node["gpu_problems"]
         checks = ("skipped (CPU profile)" if node["gpu"].get("skipped", False)
                   else "ok" if not problems else f"{len(problems)} problem(s)")
-        lines.append(ROW % (host, node["stack"]["torch"], node["stack"]["cuda"], node["stack"]["gpus"],
+        lines.append(ROW % (host, node["stack"]["torch"], node["stack"]["cuda"], node["stack"]["devices"],
                             f"{float(node['clock_offset_s']):.4f} ({float(node['clock_error_s']):.4f})",
                             health["iperf3_gbps"][host], checks))
     bench = health["allreduce"]

@@ -155,7 +155,7 @@ def _check_options(values: Mapping[str, Any], dataset: Any, model: Any) -> None:
     config = training_config()
     package = {"dataset": dataset, "model": model}
     package.update((name, values[name]) for name in TRAINING_OPTIONS if name in values)
-    port = values.get("rdzv_port", 29400)
+    port = values.get("rdzv_port", 1)  # not given: picked from the job's name, nothing to check
     bad = (config.check_settings(package)
            or not (_whole(port) and 1 <= int(str(port)) <= 65535)
            or not all(_whole(values.get(name, 0)) for name in ("max_restarts", "nproc_per_node"))
