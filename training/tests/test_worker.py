@@ -52,7 +52,7 @@ def test_a_usage_error_is_recorded_with_its_lines(tmp_path):
     assert record["lines"] == [
         "usage: train.py [-h] --batch_size BATCH_SIZE epochs",
         "train.py: error: the following arguments are required: --batch_size"]
-    assert "a retry would fail the same way" in done.stderr
+    assert "not retried (it would fail the same way)" in done.stderr
 
 
 def test_an_import_error_is_recorded_with_its_traceback(tmp_path):
@@ -94,6 +94,7 @@ def test_the_same_failure_on_the_retry_ends_the_job_with_its_traceback(tmp_path)
     assert record["kind"] == "ValueError, the same on a retry"
     assert record["lines"][0] == "Traceback (most recent call last):"
     assert record["lines"][-1] == "ValueError: no column 'label' in data.csv"
+    assert record["why"] == "not retried again (the retry failed the same way)"
     assert "the retry failed the same way" in second.stderr
 
 

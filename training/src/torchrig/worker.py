@@ -70,10 +70,12 @@ def _stop_plain_entry(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def fatal_record(kind: str, status: int, lines: list[str]) -> dict:
+def fatal_record(kind: str, status: int, lines: list[str],
+                 why: str = "not retried (it would fail the same way)") -> dict:
     """What fatal.json holds: enough for train.yml to say what failed, where, and how."""
     return {
         "kind": kind,
+        "why": why,
         "exit_status": status,
         "node": socket.gethostname(),
         "rank": int(os.environ.get("RANK", 0)),
@@ -155,10 +157,19 @@ def failed_the_same_way_before(run_dir: Path, signature: list[str], started: flo
     return same
 
 
-def end_launcher() -> None:
-    """Stop torchrun (this worker's parent) without a restart by torchrun or systemd."""
+def end_launcher(status: int) -> None:
+    """Stop torchrun (this worker's parent) without a restart by torchrun or systemd, then
+    this process at once.
+
+    At once: the interpreter's own exit can block in a process group's teardown while
+    torchrun stops, and a worker blocked there ignores SIGTERM, so systemd's stop of the
+    unit waited TimeoutStopSec (120 s) before it killed it (a script with a process group).
+    """
     if os.environ.get("TORCHELASTIC_RUN_ID"):
+        sys.stdout.flush()
+        sys.stderr.flush()
         os.kill(os.getppid(), signal.SIGUSR2)
+        os._exit(status)
 
 
 class StderrTail:
@@ -241,24 +252,24 @@ def main(argv: list[str] | None = None) -> int:
         run_entry(argv)
     except BaseException as exc:
         found = classify(exc)
-        why = "a retry would fail the same way, so the job ends without one"
+        why = "not retried (it would fail the same way)"
         if found is None:
             signature = failure_signature(exc)
             if signature is None or not failed_the_same_way_before(run_dir, signature, started):
                 raise
             status = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
             found = f"{signature[0]}, the same on a retry", status
-            why = "the retry failed the same way, so the job ends without another"
+            why = "not retried again (the retry failed the same way)"
         kind, status = found
         lines = tail.lines() if isinstance(exc, SystemExit) else traceback.format_exception(exc)
         sys.stderr = tail.stream
-        write_fatal(run_dir, fatal_record(kind, status, lines))
-        sys.stderr.write(f"torchrig: {kind} (exit status {status}); {why}.\n")
+        write_fatal(run_dir, fatal_record(kind, status, lines, why))
+        sys.stderr.write(f"torchrig: {kind} (exit status {status}); {why}, the job ends.\n")
         sys.stderr.flush()
         if not isinstance(exc, SystemExit):
             sys.stderr.writelines(lines)
             sys.stderr.flush()
-        end_launcher()
+        end_launcher(status)
         return status
     return 0
 
