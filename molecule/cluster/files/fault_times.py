@@ -4,8 +4,9 @@
     fault_times.py FAULT.json NODE1.log [NODE2.log]
 
 Prints one JSON object, seconds after the kill (fault.json's killed_at):
-  detected_s  node1's first sign of the loss: its worker failed (a reset, or the
-              process-group timeout) or torchrun saw the node waiting to rejoin
+  detected_s  node1's first sign of the loss: its worker failed (a reset or a closed
+              connection, or the process-group timeout) or torchrun saw the node
+              waiting to rejoin
   resumed_s   the first "resumed from step" line after the kill, on any node
   ended_s     the end: the trainer's "done:" line, or torchrig.launch's "did not join"
   step_at_kill  the newest training step node1 logged before the kill
@@ -19,7 +20,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-DETECTED = re.compile(r"failed \(exitcode|Timed out waiting|Connection reset|Detected \d+ new nodes")
+DETECTED = re.compile(r"failed \(exitcode|Timed out waiting|Connection reset|Connection closed by peer|Detected \d+ new nodes")
 RESUMED = re.compile(r"resumed from step (\d+)")
 ENDED = re.compile(r"INFO done: held-out|did not join within")
 STEP = re.compile(r"INFO train step (\d+) ")

@@ -12,9 +12,11 @@
 #   lost       node1 drops node2's packets, then podman kill: node2 is gone
 #              without a word and stays down
 #   revive     after lost: node1 hears node2 again, node2 starts (same address)
+#   gone       podman kill, not started again (a power loss for good)
+# FAULT_NODE names another node than node2 (the elastic job's third node).
 set -u
 job=$1 fault=$2
-node=torchrig-m-cluster-node2
+node=${FAULT_NODE:-torchrig-m-cluster-node2}
 # node2's training address: the job's traffic, so the one node1 drops.
 net=torchrig-m-cluster-train
 run=/var/lib/torchrig/runs/$job
@@ -84,6 +86,10 @@ case $fault in
         killed_at=$(date +%s.%N)
         podman kill --signal KILL "$node" > /dev/null || exit 1
         done="node1 drops $ip; podman kill at ${killed_at}; not started again" ;;
+    gone)
+        killed_at=$(date +%s.%N)
+        podman kill --signal KILL "$node" > /dev/null || exit 1
+        done="podman kill of $node at ${killed_at}; not started again" ;;
     *) echo "unknown fault $fault" >&2; exit 2 ;;
 esac
 printf '{"job": "%s", "fault": "%s", "checkpoint_step": %s, "waited_s": %s, "killed_at": %s, "done": "%s"}\n' \
