@@ -54,3 +54,13 @@ def test_a_port_is_taken_only_by_jobs_that_host_their_rendezvous_on_it():
     assert node.jobs_hosting_port(envs, 29417) == ["a"]
     assert node.jobs_hosting_port(envs, 29418) == ["c"]
     assert node.jobs_hosting_port(envs, 29400) == []
+
+
+def test_a_job_that_ended_for_good_is_over_while_systemd_still_stops_its_unit():
+    fatal = {"file": "fatal.json", "kind": "usage error"}
+    assert node.job_running("active", {})
+    assert node.job_running("deactivating", {})
+    assert not node.job_running("deactivating", fatal)
+    assert not node.job_running("active", {"file": "ended.json", "kind": "nodes missing"})
+    assert not node.job_running("failed", {})
+    assert not node.job_running(None, {})

@@ -43,6 +43,15 @@ def fatal(tmp_path: Path) -> dict:
     return json.loads((tmp_path / worker.FATAL_FILE).read_text())
 
 
+def fatal_traceback(tmp_path: Path, kind: str, last_line: str) -> dict:
+    """fatal.json of `kind`, holding a whole traceback that ends with `last_line`."""
+    record = fatal(tmp_path)
+    assert record["kind"] == kind
+    assert record["lines"][0] == "Traceback (most recent call last):"
+    assert record["lines"][-1] == last_line
+    return record
+
+
 def test_a_usage_error_is_recorded_with_its_lines(tmp_path):
     script = write(tmp_path / "train.py", USAGE_SCRIPT)
     done = run_worker(tmp_path, str(script), "10")
@@ -59,10 +68,8 @@ def test_an_import_error_is_recorded_with_its_traceback(tmp_path):
     script = write(tmp_path / "train.py", "import torchrig_no_such_module\n")
     done = run_worker(tmp_path, str(script))
     assert done.returncode == 1
-    record = fatal(tmp_path)
-    assert record["kind"] == "import error"
-    assert record["lines"][0] == "Traceback (most recent call last):"
-    assert record["lines"][-1] == "ModuleNotFoundError: No module named 'torchrig_no_such_module'"
+    fatal_traceback(tmp_path, "import error",
+                    "ModuleNotFoundError: No module named 'torchrig_no_such_module'")
 
 
 def test_a_missing_entry_module_is_fatal(tmp_path):
@@ -90,10 +97,8 @@ def test_the_same_failure_on_the_retry_ends_the_job_with_its_traceback(tmp_path)
     assert first.returncode == 1 and not (tmp_path / worker.FATAL_FILE).exists()
     second = run_worker(tmp_path, str(script))
     assert second.returncode == 1
-    record = fatal(tmp_path)
-    assert record["kind"] == "ValueError, the same on a retry"
-    assert record["lines"][0] == "Traceback (most recent call last):"
-    assert record["lines"][-1] == "ValueError: no column 'label' in data.csv"
+    record = fatal_traceback(tmp_path, "ValueError, the same on a retry",
+                             "ValueError: no column 'label' in data.csv")
     assert record["why"] == "not retried again (the retry failed the same way)"
     assert "the retry failed the same way" in second.stderr
 

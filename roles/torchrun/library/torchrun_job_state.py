@@ -14,15 +14,16 @@ import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchrun_net import RUNNING_STATES
+from ansible.module_utils.torchrun_net import job_running
 
 DOCUMENTATION = r"""
 module: torchrun_job_state
 short_description: Poll a torchrig job's unit until it ends or max_seconds pass
 description:
   - Reads the unit's state from systemd every poll_interval seconds, returns as
-    soon as it is no longer active (or activating, deactivating, reloading) or
-    max_seconds have passed, with the last line of the job's metrics. Changes
+    soon as it is no longer active (or activating, deactivating, reloading), or
+    the job has ended for good on this node (fatal.json or ended.json; systemd may
+    still be stopping the unit), or max_seconds have passed, with the last line of the job's metrics. Changes
     nothing.
 options:
   unit: {description: The job's systemd unit., type: str, required: true}
@@ -114,12 +115,13 @@ def main() -> None:
         except (OSError, subprocess.CalledProcessError) as e:
             module.fail_json(msg=f"systemctl show {p['unit']} failed: {e}")
         polls += 1
-        running = state.get("ActiveState") in RUNNING_STATES
+        ended = ended_for_good(p["run_dir"])
+        running = job_running(state.get("ActiveState"), ended)
         if not running or time.monotonic() + p["poll_interval"] > deadline:
             break
         time.sleep(p["poll_interval"])
     module.exit_json(changed=False, state=state, running=running, polls=polls,
-                     metrics=last_metrics(p["metrics"]), ended=ended_for_good(p["run_dir"]))
+                     metrics=last_metrics(p["metrics"]), ended=ended)
 
 
 if __name__ == "__main__":

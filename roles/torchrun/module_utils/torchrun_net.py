@@ -14,6 +14,17 @@ NVIDIA_GPUS_DIR = "/proc/driver/nvidia/gpus"
 RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
 
 
+def job_running(active_state: str | None, ended: dict) -> bool:
+    """Whether this node's part of a job still runs.
+
+    A part that has ended for good (`ended`: its fatal.json or ended.json) is over even
+    while systemd is still stopping its unit: the stop waits for every process of the
+    unit to go, up to TimeoutStopSec (120 s), and was seen to wait that long after the
+    job had ended and written why.
+    """
+    return active_state in RUNNING_STATES and not ended
+
+
 def parse_addresses(text: str) -> dict[str, str]:
     """{IPv4 address: interface} from `ip -o -4 addr show`."""
     found = {}
