@@ -70,8 +70,7 @@ def _stop_plain_entry(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(0)
 
 
-def fatal_record(kind: str, status: int, lines: list[str],
-                 why: str = "not retried (it would fail the same way)") -> dict:
+def fatal_record(kind: str, status: int, lines: list[str], why: str) -> dict:
     """What fatal.json holds: enough for train.yml to say what failed, where, and how."""
     return {
         "kind": kind,
@@ -161,9 +160,10 @@ def end_launcher(status: int) -> None:
     """Stop torchrun (this worker's parent) without a restart by torchrun or systemd, then
     this process at once.
 
-    At once: the interpreter's own exit can block in a process group's teardown while
-    torchrun stops, and a worker blocked there ignores SIGTERM, so systemd's stop of the
-    unit waited TimeoutStopSec (120 s) before it killed it (a script with a process group).
+    At once: a normal interpreter exit runs a process group's teardown while torchrun
+    stops, and a worker stuck there ignores SIGTERM; nothing of it should be left for
+    systemd's stop of the unit to wait on (a stop that waited TimeoutStopSec, 120 s, was
+    seen after a job ended this way; that the teardown was the cause is not proven).
     """
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         sys.stdout.flush()
