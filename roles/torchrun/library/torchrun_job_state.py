@@ -23,8 +23,8 @@ description:
   - Reads the unit's state from systemd every poll_interval seconds, returns as
     soon as it is no longer active (or activating, deactivating, reloading), or
     the job has ended for good on this node (fatal.json or ended.json; systemd may
-    still be stopping the unit), or max_seconds have passed, with the last line of the job's metrics. Changes
-    nothing.
+    still be stopping the unit), or max_seconds have passed, with the last line of
+    the job's metrics. Changes nothing.
 options:
   unit: {description: The job's systemd unit., type: str, required: true}
   metrics: {description: The job's metrics.jsonl on this node., type: path, required: true}
@@ -42,7 +42,7 @@ running:
   description: Whether the unit is still active (or activating, deactivating, reloading).
   type: bool
   returned: always
-metrics: {description: The newest metrics record on this node ({} before the first), type: dict, returned: always}
+metrics: {description: "The newest metrics record on this node, empty before the first.", type: dict, returned: always}
 polls: {description: How many times systemd was asked, type: int, returned: always}
 ended:
   description: >-
