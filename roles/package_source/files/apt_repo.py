@@ -89,7 +89,8 @@ class AptRoot:
 
     def setup(self) -> None:
         d = self.dir
-        for sub in ("etc/sources.list.d", "etc/preferences.d", "etc/trusted.gpg.d", "keys",
+        # etc/apt.conf.d: apt reads Dir::Etc::parts and warns where it is missing.
+        for sub in ("etc/sources.list.d", "etc/preferences.d", "etc/trusted.gpg.d", "etc/apt.conf.d", "keys",
                     "state/lists/partial", "cache", "archives/partial", "log", "status"):
             (d / sub).mkdir(parents=True, exist_ok=True)
         lines = []
@@ -111,7 +112,7 @@ class AptRoot:
         for old in (d / "etc/preferences.d").iterdir():
             old.unlink()
         for pref in self.state["preferences"]:
-            (d / "etc/preferences.d" / re.sub(r"[^A-Za-z0-9_.-]", "_", pref["name"])).write_bytes(
+            (d / "etc/preferences.d" / re.sub(r"[^\w.-]", "_", pref["name"], flags=re.ASCII)).write_bytes(
                 base64.b64decode(pref["b64"]))
         (d / "apt.conf").write_text("\n".join([
             f'Dir "{d}/";',
@@ -145,7 +146,7 @@ class AptRoot:
             raise FetchError(
                 f"apt on the controller could not read the nodes' sources with the keys the nodes trust "
                 f"({self.state['os']} {self.state['release']} {self.state['arch']}): "
-                + " | ".join(bad or (done.stderr.strip().splitlines()[-3:]))
+                + " | ".join(bad or (done.stderr.strip().splitlines()[-3:])).rstrip(".")
                 + ". Nothing was fetched or changed on the nodes.")
 
     def resolve_versions(self, packages: list[str], status: Path) -> list[str]:
@@ -176,7 +177,7 @@ class AptRoot:
         done = self.apt("install", *flags, *exact, status=status)
         if done.returncode != 0:
             raise FetchError(f"{host}: apt cannot install {' '.join(exact)} from the node's sources: "
-                             + " | ".join(done.stderr.strip().splitlines()[-4:])
+                             + " | ".join(done.stderr.strip().splitlines()[-4:]).rstrip(".")
                              + ". Nothing was changed on the nodes.")
 
 
@@ -204,8 +205,16 @@ def write_repo(repo: Path, key_dir: Path, os_release_arch: str) -> None:
     gpg(key_dir / "gnupg", "--local-user", KEY_UID, "--clearsign", "-o", str(repo / "InRelease"), str(repo / "Release"))
 
 
+def signed_by(inrelease: Path, public: str) -> bool:
+    """Whether the InRelease verifies with this public keyring (and no other key is needed)."""
+    done = subprocess.run(["gpgv", "--keyring", public, str(inrelease)], capture_output=True, check=False)
+    return done.returncode == 0
+
+
 def fetch(states: dict, packages: list[str], cache: Path, key_dir: Path, recommends: bool) -> dict:
-    ensure_key(key_dir)
+    # Absolute: apt reads the paths of its root relative to Dir, not to the working directory.
+    cache, key_dir = cache.absolute(), key_dir.absolute()
+    key = ensure_key(key_dir)
     roots: dict[Path, AptRoot] = {}
     for host, state in sorted(states.items()):
         root = AptRoot(cache / "roots", state)
@@ -215,7 +224,7 @@ def fetch(states: dict, packages: list[str], cache: Path, key_dir: Path, recomme
             roots[root.dir] = root
         roots[root.dir].state = state
         roots[root.dir].download(host, packages, recommends and state["recommends"])
-    added, size, repos, inrelease = [], 0, {}, {}
+    added, size, repos, inrelease, resigned = [], 0, {}, {}, False
     for root in roots.values():
         name = f"{root.state['os']}-{root.state['release']}-{root.state['arch']}"
         repo = cache / "repo" / name
@@ -225,11 +234,14 @@ def fetch(states: dict, packages: list[str], cache: Path, key_dir: Path, recomme
             shutil.copy2(deb, repo / "pool" / deb.name)
             added.append(f"{name}/{deb.name}")
             size += deb.stat().st_size
-        if new or not (repo / "InRelease").exists():
+        # A new key (the key directory was lost) re-signs the index: the nodes get its public half.
+        stale = (repo / "InRelease").exists() and not signed_by(repo / "InRelease", key["public"])
+        if new or stale or not (repo / "InRelease").exists():
             write_repo(repo, key_dir, name)
+        resigned = resigned or stale
         repos[name] = str(repo)
         inrelease[name] = hashlib.sha256((repo / "InRelease").read_bytes()).hexdigest()
-    return {"changed": bool(added), "added": added, "bytes": size, "repos": repos, "inrelease": inrelease}
+    return {"changed": bool(added) or resigned, "added": added, "bytes": size, "repos": repos, "inrelease": inrelease}
 
 
 def main() -> None:
@@ -244,14 +256,20 @@ def main() -> None:
     get.add_argument("--no-recommends", action="store_true")
     get.add_argument("packages", nargs="+")
     args = parser.parse_args()
+    key_dir = (args.dir if args.command == "key" else args.key_dir).absolute()
     try:
         if args.command == "key":
-            print(json.dumps(ensure_key(args.dir)))
+            print(json.dumps(ensure_key(key_dir)))
         else:
             states = json.loads(args.states.read_text())
-            print(json.dumps(fetch(states, args.packages, args.cache, args.key_dir, not args.no_recommends)))
+            print(json.dumps(fetch(states, args.packages, args.cache, key_dir, not args.no_recommends)))
     except FetchError as e:
         sys.exit(str(e))
+    finally:
+        # gpg started an agent for the key's home: it would stay, one per run's key directory.
+        if (key_dir / "gnupg").is_dir():
+            subprocess.run(["gpgconf", "--homedir", str(key_dir / "gnupg"), "--kill", "gpg-agent"],
+                           capture_output=True, check=False)
 
 
 if __name__ == "__main__":

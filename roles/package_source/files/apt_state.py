@@ -27,9 +27,10 @@ import sys
 
 SOURCES_LIST = "/etc/apt/sources.list"
 SOURCES_DIR = "/etc/apt/sources.list.d"
-PREFERENCES = ["/etc/apt/preferences", *sorted(glob.glob("/etc/apt/preferences.d/*"))]
-TRUSTED = ["/etc/apt/trusted.gpg", *sorted(glob.glob("/etc/apt/trusted.gpg.d/*.gpg")),
-           *sorted(glob.glob("/etc/apt/trusted.gpg.d/*.asc"))]
+
+
+class StateError(Exception):
+    """The node's apt setup cannot be read as apt reads it; the text says where."""
 
 
 def read_b64(path: str) -> str:
@@ -37,8 +38,18 @@ def read_b64(path: str) -> str:
         return base64.b64encode(f.read()).decode()
 
 
-def keys_for(signed_by: str) -> list[dict]:
-    """The keys one source is checked against: its Signed-By, else apt's trusted set."""
+def trusted_keyrings(root: str = "") -> list[str]:
+    """apt's trusted set, for a source without Signed-By (paths as on the node)."""
+    found = [f"{root}/etc/apt/trusted.gpg", *sorted(glob.glob(f"{root}/etc/apt/trusted.gpg.d/*.gpg")),
+             *sorted(glob.glob(f"{root}/etc/apt/trusted.gpg.d/*.asc"))]
+    return [p[len(root):] for p in found if os.path.isfile(p)]
+
+
+def keys_for(signed_by: str, root: str = "") -> list[dict]:
+    """The keys one source is checked against: its Signed-By, else apt's trusted set.
+
+    root: where the node's / is (tests); the paths named are the node's own.
+    """
     signed_by = signed_by.strip()
     if signed_by.startswith("-----BEGIN PGP PUBLIC KEY BLOCK-----") or "\n" in signed_by:
         # An inline key (deb822): continuation lines hold it, with "." for empty lines.
@@ -46,11 +57,14 @@ def keys_for(signed_by: str) -> list[dict]:
         return [{"name": "inline.asc", "b64": base64.b64encode(text.encode()).decode()}]
     if signed_by:
         paths = [p for p in re.split(r"[\s,]+", signed_by) if p.startswith("/")]
-        missing = [p for p in paths if not os.path.isfile(p)]
+        if not paths:
+            raise StateError(f"a source is signed by {signed_by} (fingerprints, not a keyring file); torchrig "
+                             "needs the keyring file the key is in (Signed-By: /path/to/keyring.gpg)")
+        missing = [p for p in paths if not os.path.isfile(root + p)]
         if missing:
-            sys.exit(f"apt_state: a source is signed by {', '.join(missing)}, which does not exist on this node")
-        return [{"name": os.path.basename(p), "b64": read_b64(p)} for p in paths]
-    return [{"name": os.path.basename(p), "b64": read_b64(p)} for p in TRUSTED if os.path.isfile(p)]
+            raise StateError(f"a source is signed by {', '.join(missing)}, which does not exist on this node")
+        return [{"name": os.path.basename(p), "b64": read_b64(root + p)} for p in paths]
+    return [{"name": os.path.basename(p), "b64": read_b64(root + p)} for p in trusted_keyrings(root)]
 
 
 def deb822_paragraphs(text: str) -> list[dict[str, str]]:
@@ -75,21 +89,21 @@ def deb822_paragraphs(text: str) -> list[dict[str, str]]:
     return paragraphs
 
 
-def from_deb822(path: str) -> list[dict]:
+def from_deb822(path: str, root: str = "") -> list[dict]:
     sources = []
-    with open(path) as f:
+    with open(root + path) as f:
         for p in deb822_paragraphs(f.read()):
             if p.get("enabled", "yes").strip().lower() == "no" or "deb" not in p.get("types", "").split():
                 continue
             sources.append({"uris": p.get("uris", "").split(), "suites": p.get("suites", "").split(),
                             "components": p.get("components", "").split(),
-                            "keys": keys_for(p.get("signed-by", "")), "file": path})
+                            "keys": keys_for(p.get("signed-by", ""), root), "file": path})
     return sources
 
 
-def from_one_line(path: str) -> list[dict]:
+def from_one_line(path: str, root: str = "") -> list[dict]:
     sources = []
-    with open(path) as f:
+    with open(root + path) as f:
         for raw in f:
             line = raw.split("#", 1)[0].strip()
             if not line.startswith("deb "):
@@ -100,9 +114,11 @@ def from_one_line(path: str) -> list[dict]:
             if match:
                 options = dict(o.split("=", 1) for o in match.group(1).split() if "=" in o)
                 rest = match.group(2)
+            if len(rest.split()) < 2:
+                raise StateError(f"{path}: cannot read the source line {line!r} (deb URI SUITE [COMPONENT ...])")
             uri, suite, *components = rest.split()
             sources.append({"uris": [uri], "suites": [suite], "components": components,
-                            "keys": keys_for(options.get("signed-by", "")), "file": path})
+                            "keys": keys_for(options.get("signed-by", ""), root), "file": path})
     return sources
 
 
@@ -112,28 +128,48 @@ def apt_config(name: str, default: str) -> str:
     return match.group(1) if match else default
 
 
-def main() -> None:
+def read_sources(root: str = "") -> list[dict]:
+    """The node's own sources, as apt reads them (torchrig's, under /etc/torchrig/apt, left out)."""
     sources = []
-    if os.path.isfile(SOURCES_LIST):
-        sources += from_one_line(SOURCES_LIST)
-    for path in sorted(glob.glob(f"{SOURCES_DIR}/*.list")):
-        sources += from_one_line(path)
-    for path in sorted(glob.glob(f"{SOURCES_DIR}/*.sources")):
-        sources += from_deb822(path)
-    with open("/etc/os-release") as f:
+    if os.path.isfile(root + SOURCES_LIST):
+        sources += from_one_line(SOURCES_LIST, root)
+    for path in sorted(glob.glob(f"{root}{SOURCES_DIR}/*.list")):
+        sources += from_one_line(path[len(root):], root)
+    for path in sorted(glob.glob(f"{root}{SOURCES_DIR}/*.sources")):
+        sources += from_deb822(path[len(root):], root)
+    return sources
+
+
+def read_preferences(root: str = "") -> list[dict]:
+    paths = [f"{root}/etc/apt/preferences", *sorted(glob.glob(f"{root}/etc/apt/preferences.d/*"))]
+    return [{"name": os.path.basename(p), "b64": read_b64(p)} for p in paths if os.path.isfile(p)]
+
+
+def collect(root: str = "") -> dict:
+    """apt_state.py's JSON. root: where the node's / is (tests); architecture and
+    apt's configuration are read from the running system."""
+    sources = read_sources(root)
+    with open(f"{root}/etc/os-release") as f:
         os_release = dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line)
-    with open("/var/lib/dpkg/status", "rb") as f:
+    with open(f"{root}/var/lib/dpkg/status", "rb") as f:
         status = base64.b64encode(gzip.compress(f.read(), mtime=0)).decode()
     arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout
-    print(json.dumps({
+    return {
         "release": os_release.get("VERSION_CODENAME", "").strip('"'),
         "os": os_release.get("ID", "").strip('"'),
         "arch": arch.strip(),
         "sources": sources,
-        "preferences": [{"name": os.path.basename(p), "b64": read_b64(p)} for p in PREFERENCES if os.path.isfile(p)],
+        "preferences": read_preferences(root),
         "recommends": apt_config("APT::Install-Recommends", "true").lower() in ("1", "true", "yes"),
         "status_gz_b64": status,
-    }))
+    }
+
+
+def main() -> None:
+    try:
+        print(json.dumps(collect()))
+    except StateError as e:
+        sys.exit(f"apt_state: {e}")
 
 
 if __name__ == "__main__":
