@@ -416,13 +416,19 @@ def test_fill_without_a_committed_lock_resolves_and_says_how_to_pin(source: Path
     assert [p.name for p in dest.parent.iterdir()] == ["row"]  # no .partial- left
 
 
-def test_fill_downloads_exactly_the_committed_lock(source: Path, tmp_path: Path) -> None:
+def commit_first_lock(source: Path, tmp_path: Path) -> tuple[Path, str]:
+    """Fill once, and commit that fill's lock as the row's: the lock directory and the lock's name."""
     locks = tmp_path / "locks"
     locks.mkdir()
     first = tmp_path / "first"
     assert run_fill(first, source, locks).returncode == 0
     name = f"torch2.14.1-cpu-py{HERE_PY}-{HERE_MACHINE}.txt"
     shutil.copy(first / wl.LOCK_FILENAME, locks / name)
+    return locks, name
+
+
+def test_fill_downloads_exactly_the_committed_lock(source: Path, tmp_path: Path) -> None:
+    locks, name = commit_first_lock(source, tmp_path)
     # A later day: the index offers a newer alpha-pkg, which a fresh resolve would take.
     make_wheel(source, "alpha_pkg", "1.1")
     again = tmp_path / "again"
@@ -443,12 +449,7 @@ def test_fill_downloads_exactly_the_committed_lock(source: Path, tmp_path: Path)
 
 
 def test_fill_refuses_a_file_that_differs_from_the_committed_lock(source: Path, tmp_path: Path) -> None:
-    locks = tmp_path / "locks"
-    locks.mkdir()
-    first = tmp_path / "first"
-    assert run_fill(first, source, locks).returncode == 0
-    name = f"torch2.14.1-cpu-py{HERE_PY}-{HERE_MACHINE}.txt"
-    shutil.copy(first / wl.LOCK_FILENAME, locks / name)
+    locks, name = commit_first_lock(source, tmp_path)
     wheel = source / "alpha_pkg-1.0-py3-none-any.whl"
     expected = sha256(wheel)
     alter_one_byte(wheel)  # the index now serves another file under the same name
