@@ -10,7 +10,7 @@
 # minutes pass before that phase: the fault could not be injected.
 set -u
 phase=$1 log=$2
-nodes=(torchrig-m-cluster-node1 torchrig-m-cluster-node2)
+nodes=(torchrig-m-cluster-node1 torchrig-m-cluster-node2 torchrig-m-cluster-node3)
 site=/opt/torchrig/venv/lib/python3.11/site-packages
 
 reached() {
