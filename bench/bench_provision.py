@@ -76,14 +76,16 @@ def start_counters(nodes: int) -> None:
     The controller is the subnet's gateway (the machine that runs the
     containers), which is how the nodes see it.
     """
+    # Every network the node is on (the local cluster's nodes have two:
+    # management and training, where the package host serves).
     rules = (
-        "subnet=$(ip -o -4 route show scope link | awk 'NR==1{print $1}'); "
+        "subnets=$(ip -o -4 route show scope link | awk '{print $1}' | paste -sd, -); "
         "gateway=$(ip -o -4 route show default | awk '{print $3}'); "
         f"nft add table inet {COUNTER_TABLE} && "
         f"nft add chain inet {COUNTER_TABLE} input '{{ type filter hook input priority -400; }}' && "
-        f"nft add rule inet {COUNTER_TABLE} input ip saddr != $subnet counter comment outside && "
+        f"nft add rule inet {COUNTER_TABLE} input ip saddr != {{ $subnets }} counter comment outside && "
         f"nft add rule inet {COUNTER_TABLE} input ip saddr $gateway counter comment controller && "
-        "echo $subnet"
+        "echo $subnets"
     )
     subnets = on_nodes(f"cluster[0:{nodes - 1}]", rules)
     if len(subnets) != nodes:
