@@ -9,6 +9,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 SCRIPT = REPO / "roles/pytorch/files/venv_state.py"
@@ -59,8 +60,7 @@ def test_venv_without_pip_is_broken(tmp_path: Path) -> None:
 
 def test_torch_listed_but_not_importable_is_broken(tmp_path: Path) -> None:
     venv = make_venv(tmp_path / "venv")
-    (venv / "bin" / "pip").write_text("#!/bin/sh\n")
-    fake_dist(venv, "torch", "2.14.1")
+    recorded_dist(venv, {})  # pip's records complete, yet no torch module: only the import tells
     s = state(venv, tmp_path)
     assert s["packages"]["torch"] == "2.14.1"
     assert s["broken"].startswith("import torch, torchvision fails: ModuleNotFoundError"), s
@@ -76,12 +76,22 @@ def test_python_that_does_not_run_is_broken(tmp_path: Path) -> None:
 
 
 def test_venv_without_torch_yet_is_not_broken(tmp_path: Path) -> None:
-    # killed before torch's metadata was written: pip installs over it, nothing to remove
+    # killed before torch's metadata was written, its companions whole: pip installs torch over it
+    venv = make_venv(tmp_path / "venv")
+    (venv / "bin" / "pip").write_text("#!/bin/sh\n")
+    for mode in ("import", "files"):
+        s = state(venv, tmp_path, mode)
+        assert s["broken"] is None and "torch" not in s["packages"], s
+
+
+@pytest.mark.parametrize("mode", ["import", "files"])
+def test_a_companion_cut_short_before_torch_is_broken(tmp_path: Path, mode: str) -> None:
+    # Seen in the cluster scenario: killed while numpy was unpacked, before torch. pip takes
+    # numpy (its metadata is there) as installed and would never mend it, so the venv goes.
     venv = make_venv(tmp_path / "venv")
     (venv / "bin" / "pip").write_text("#!/bin/sh\n")
     fake_dist(venv, "numpy", "2.3.0")
-    s = state(venv, tmp_path)
-    assert s["broken"] is None and "torch" not in s["packages"]
+    assert state(venv, tmp_path, mode)["broken"] == "numpy-2.3.0.dist-info has no RECORD (its install did not finish)"
 
 
 def test_good_venv_reports_what_torch_says(tmp_path: Path) -> None:

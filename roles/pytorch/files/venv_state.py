@@ -131,14 +131,17 @@ def main(argv):
     if os.path.exists(marker):
         with open(marker) as f:
             state["training_hash"] = f.read().strip()
-    if state["venv"] and not state["broken"] and "torch" in state["packages"] and mode == "files":
-        site = glob.glob(os.path.join(venv, "lib", "python3*", "site-packages"))[0]
+    site = next(iter(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages"))), None)
+    if state["venv"] and not state["broken"] and site:
+        # Any package, torch or not: pip takes one whose metadata is there as
+        # installed ("Requirement already satisfied") and would never mend its
+        # files. A kill can cut any package short, not only torch.
         state["broken"] = incomplete_files(site)
-        if not state["broken"]:
-            try:
-                state["torch"] = torch_from_files(site, state["packages"])
-            except OSError as e:
-                state["broken"] = f"a version file cannot be read: {e}"
+    if state["venv"] and not state["broken"] and "torch" in state["packages"] and mode == "files":
+        try:
+            state["torch"] = torch_from_files(site, state["packages"])
+        except OSError as e:
+            state["broken"] = f"a version file cannot be read: {e}"
     elif state["venv"] and not state["broken"] and "torch" in state["packages"]:
         # Metadata can be complete while files are not: import for real. What the
         # import reports is what the role checks against the matrix, so a run that
