@@ -63,6 +63,10 @@ def test_import_mode_of_venv_state_runs_the_same_report(tmp_path: Path) -> None:
     info = site / "torch-2.14.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.14.1\n")
+    # A finished install: pip's RECORD, with the INSTALLER it adds (venv_state checks both).
+    (info / "INSTALLER").write_text("pip\n")
+    (info / "RECORD").write_text("torch-2.14.1.dist-info/METADATA,,\ntorch-2.14.1.dist-info/INSTALLER,,\n"
+                                 "torch-2.14.1.dist-info/RECORD,,\n")
     out = subprocess.run([PYTHON, str(SCRIPT), str(venv), str(tmp_path / "marker"), "import"],
                          capture_output=True, text=True, timeout=120, check=True)
     state = json.loads(out.stdout)
