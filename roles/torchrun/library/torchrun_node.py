@@ -18,6 +18,8 @@ from ansible.module_utils.torchrun_net import (
     count_gpus,
     interface_of,
     jobs_hosting_port,
+    nft_set_ranges,
+    outside_peers,
     parse_addresses,
 )
 
@@ -54,6 +56,11 @@ options:
     description: Where the NVIDIA driver lists its GPUs, one directory each (tests point it elsewhere).
     type: path
     default: /proc/driver/nvidia/gpus
+  peers:
+    description: The cluster addresses of the job's other nodes, to look up in the firewall's peers.
+    type: list
+    elements: str
+    default: []
 """
 
 RETURN = r"""
@@ -68,6 +75,16 @@ unit_template: {description: Whether systemd can load the unit (its template is 
                 returned: always}
 rdzv_taken_by:
   description: Other jobs running here that host a rendezvous on rdzv_port.
+  type: list
+  returned: always
+firewall_refuses:
+  description: >-
+    Those of peers that torchrig's firewall here (table inet torchrig, from the
+    firewall role) does not let in; empty where that table is not loaded.
+  type: list
+  returned: always
+firewall_peers:
+  description: The addresses that firewall lets in, as addresses or first-last ranges.
   type: list
   returned: always
 """
@@ -93,6 +110,28 @@ def rdzv_taken_by(module: AnsibleModule) -> list[str]:
     return jobs_hosting_port(envs, module.params["rdzv_port"])
 
 
+def firewall_peers(module: AnsibleModule) -> tuple[list[str], list[str]]:
+    """(the job's peers that the firewall role's rules here keep out, what they let in).
+
+    Read from the kernel's sets, which is what drops the packets, not from the rules file.
+    """
+    nft = shutil.which("nft")
+    if not module.params["peers"] or nft is None:
+        return [], []
+    sets = []
+    for name in ("peers4", "peers6"):
+        rc, out, _ = module.run_command([nft, "-j", "list", "set", "inet", "torchrig", name])
+        if rc == 0:
+            sets.append(out)
+    if not sets:  # no torchrig table: the firewall role does not manage this node
+        return [], []
+    try:
+        allowed = [str(a) if a == b else f"{a}-{b}" for text in sets for a, b in nft_set_ranges(text)]
+        return outside_peers(module.params["peers"], sets), allowed
+    except ValueError as e:
+        module.fail_json(msg=f"reading the firewall's peers: {e}")
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={"address": {"type": "str", "required": True},
@@ -100,7 +139,8 @@ def main() -> None:
                        "unit": {"type": "str", "required": True},
                        "rdzv_port": {"type": "int", "default": 0},
                        "config_dir": {"type": "path", "default": "/etc/torchrig/jobs"},
-                       "gpus_dir": {"type": "path", "default": NVIDIA_GPUS_DIR}},
+                       "gpus_dir": {"type": "path", "default": NVIDIA_GPUS_DIR},
+                       "peers": {"type": "list", "elements": "str", "default": []}},
         supports_check_mode=True,
     )
     ip = shutil.which("ip")
@@ -116,9 +156,12 @@ def main() -> None:
     rc, show, _ = module.run_command(["systemctl", "show", "--property=ActiveState,LoadState",
                                       module.params["unit"]])
     unit = dict(line.split("=", 1) for line in show.splitlines() if "=" in line) if rc == 0 else {}
+    refuses, allowed = firewall_peers(module)
     module.exit_json(
         changed=False,
         rdzv_taken_by=rdzv_taken_by(module) if module.params["rdzv_port"] else [],
+        firewall_refuses=refuses,
+        firewall_peers=allowed,
         cpus=len(os.sched_getaffinity(0)),
         gpus=count_gpus(module.params["gpus_dir"]),
         address=address,

@@ -1,10 +1,12 @@
-"""The torchrun_node module's logic as plain functions: the cluster address's interface
-and the GPU count. Kept apart from the module so that tests import them without Ansible
-(whose module_utils patch sys.intern, which torch's compiler then refuses).
+"""The torchrun_node module's logic as plain functions: the cluster address's interface,
+the GPU count, the firewall's peers. Kept apart from the module so that tests import them
+without Ansible (whose module_utils patch sys.intern, which torch's compiler then refuses).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import re
 
@@ -59,3 +61,40 @@ def jobs_hosting_port(envs: dict[str, str], port: int) -> list[str]:
         if settings.get("TORCHRIG_RDZV_IS_HOST") == "1" and endpoint.rpartition(":")[2] == str(port):
             hosting.append(job)
     return hosting
+
+
+def nft_set_ranges(text: str) -> list[tuple[ipaddress.IPv4Address | ipaddress.IPv6Address,
+                                            ipaddress.IPv4Address | ipaddress.IPv6Address]]:
+    """(first, last) address of each element of an nftables set, from `nft -j list set`.
+
+    nft gives an element as an address, a prefix or a range (an interval set with
+    auto-merge joins neighbours into ranges: 10.0.0.11, .12 and .13 come back as one).
+    """
+    ranges = []
+    for item in json.loads(text).get("nftables", []):
+        for entry in item.get("set", {}).get("elem", []):
+            # An element with a comment or a timeout is nested one level deeper.
+            elem = entry["elem"]["val"] if isinstance(entry, dict) and "elem" in entry else entry
+            if isinstance(elem, str):
+                first = last = ipaddress.ip_address(elem)
+            elif "prefix" in elem:
+                net = ipaddress.ip_network(f"{elem['prefix']['addr']}/{elem['prefix']['len']}", strict=False)
+                first, last = net[0], net[-1]
+            elif "range" in elem:
+                first, last = (ipaddress.ip_address(a) for a in elem["range"])
+            else:
+                raise ValueError(f"an nftables set element torchrig does not read: {elem!r}")
+            ranges.append((first, last))
+    return ranges
+
+
+def outside_peers(addresses: list[str], nft_sets: list[str]) -> list[str]:
+    """The addresses, of those given, that no element of the firewall's peer sets holds
+    (the sets as `nft -j list set` prints them): peers the firewall keeps out."""
+    ranges = [r for text in nft_sets for r in nft_set_ranges(text)]
+    outside = []
+    for address in addresses:
+        ip = ipaddress.ip_address(address)
+        if not any(first.version == ip.version and first <= ip <= last for first, last in ranges):
+            outside.append(address)
+    return outside
