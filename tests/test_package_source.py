@@ -416,6 +416,9 @@ def test_fetch_downloads_the_driver_and_its_dependencies(built, cluster, driver)
     assert out["bytes"] == sum((pool / n).stat().st_size for n in names)
     assert out["repos"] == {REPO_NAME: str(cluster["repo"])}
     assert out["inrelease"] == {REPO_NAME: hashlib.sha256((cluster["repo"] / "InRelease").read_bytes()).hexdigest()}
+    # The key it made for the repository, whose public half the role gives the nodes.
+    assert out["key"]["created"] is True and out["key"]["public"] == str(cluster["public"])
+    assert fingerprints(cluster["public"].read_bytes(), cluster["tmp"]) == [out["key"]["fingerprint"]]
 
 
 def test_cluster_repository_is_signed_by_torchrig_only(built, cluster, tmp_path):
@@ -452,6 +455,7 @@ def test_second_fetch_changes_nothing(cluster, node_state, driver):
     assert (out["changed"], out["added"], out["bytes"]) == (False, [], 0)
     assert (cluster["repo"] / "InRelease").read_bytes() == before
     assert out["inrelease"] == cluster["out"]["inrelease"]
+    assert out["key"] == {**cluster["out"]["key"], "created": False}
 
 
 @pytest.mark.parametrize("kind,message", [("wrong_url", "NO_PUBKEY"), ("unsigned_url", "is not signed")])
@@ -494,7 +498,8 @@ def test_fetch_names_the_versions_found_for_a_pattern_without_match(built, node_
 def test_fetch_downloads_nothing_the_node_has(built, cluster, node_state, driver, tmp_path):
     installed = [DKMS] + [status_entry(built, *p.name.split("_")[:2]) for p in (cluster["repo"] / "pool").iterdir()]
     state = with_uri(node_state, built["url"], status="\n".join(installed))
-    done = fetch(tmp_path, {"node1": state}, driver["pattern"])
+    # The cluster's key: a key made now would be a change of its own.
+    done = fetch(tmp_path, {"node1": state}, driver["pattern"], key_dir=cluster["tmp"] / "key")
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert (out["changed"], out["added"]) == (False, [])

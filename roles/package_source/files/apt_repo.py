@@ -13,8 +13,8 @@
         key the node trusts for that source, and each .deb against its
         Release's hashes. The new .debs join DIR/repo/<os>-<release>-<arch>, a
         flat repository signed with torchrig's key; the nodes trust that key
-        for it alone. Prints JSON: changed, added files, bytes, repositories and
-        the sha256 of each one's InRelease.
+        for it alone. Prints JSON: changed, added files, bytes, repositories,
+        the sha256 of each one's InRelease, and the key (as `key` prints it).
 
 Each .deb is downloaded once for the whole cluster, whatever the number of
 nodes: the nodes then fetch from the cluster's package host.
@@ -241,7 +241,8 @@ def fetch(states: dict, packages: list[str], cache: Path, key_dir: Path, recomme
         resigned = resigned or stale
         repos[name] = str(repo)
         inrelease[name] = hashlib.sha256((repo / "InRelease").read_bytes()).hexdigest()
-    return {"changed": bool(added) or resigned, "added": added, "bytes": size, "repos": repos, "inrelease": inrelease}
+    return {"changed": bool(added) or resigned or key["created"], "added": added, "bytes": size, "repos": repos,
+            "inrelease": inrelease, "key": key}
 
 
 def main() -> None:
