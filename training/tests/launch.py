@@ -71,18 +71,27 @@ class Launch:
         return self.log.read_text(errors="replace")
 
 
-def start(cmd: list[str], log: Path) -> Launch:
+def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Launch:
     with log.open("w") as f:  # a file, not a pipe: a full pipe would block the launcher
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(),
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT,
+                                env={**child_env(), **(env or {})}, start_new_session=True)
     return Launch(proc, log)
 
 
-def start_standalone(run_dir: Path, nproc: int = 2, extra: tuple[str, ...] = ()) -> Launch:
+def start_standalone(run_dir: Path, nproc: int = 2, extra: tuple[str, ...] = (),
+                     env: dict[str, str] | None = None) -> Launch:
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = torchrun("--standalone", f"--nproc-per-node={nproc}", *extra, "-m", "torchrig.train",
                    *TRAIN_ARGS, "--run-dir", str(run_dir))
-    return start(cmd, run_dir.parent / f"{run_dir.name}.log")
+    return start(cmd, run_dir.parent / f"{run_dir.name}.log", env)
+
+
+def hold_after_checkpoint(step: int, go: Path) -> dict[str, str]:
+    """The environment that holds rank 0 after its checkpoint of `step` until `go` exists
+    (hold/sitecustomize.py): a fault injected meanwhile lands mid-run, however slow the test."""
+    hold = str(Path(__file__).parent / "hold")
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [hold, os.environ.get("PYTHONPATH")])),
+            "TORCHRIG_TEST_HOLD_STEP": str(step), "TORCHRIG_TEST_HOLD_GO": str(go)}
 
 
 def start_two_nodes(run_dirs: list[Path], run_id: str, *extra: str) -> list[Launch]:

@@ -27,6 +27,7 @@ from launch import (
     child_env,
     eval_records,
     free_port,
+    hold_after_checkpoint,
     read_summary,
     start,
     start_standalone,
@@ -94,12 +95,14 @@ def test_two_nodes_c10d_reach_95(reference_run: Path, tmp_path: Path):
 
 
 def test_sigkilled_worker_restarts_and_reproduces(reference_run: Path, tmp_path: Path):
-    run_dir = tmp_path / "run"
-    launch = start_standalone(run_dir, extra=("--max-restarts=1",))
+    run_dir, go = tmp_path / "run", tmp_path / "go"
+    launch = start_standalone(run_dir, extra=("--max-restarts=1",),
+                              env=hold_after_checkpoint(50, go))
     first = checkpoint.path_for(run_dir / "checkpoints", 50)
     wait_for(first.exists, "the first checkpoint", [launch])
     pid = int((run_dir / "worker-rank1.pid").read_text())
     os.kill(pid, signal.SIGKILL)
+    go.touch()
     assert launch.wait() == 0, launch.output()[-4000:]
     out = launch.output()
     assert "exitcode: -9" in out  # the worker died mid-run, and the group restarted
