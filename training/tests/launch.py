@@ -94,7 +94,8 @@ def hold_after_checkpoint(step: int, go: Path) -> dict[str, str]:
             "TORCHRIG_TEST_HOLD_STEP": str(step), "TORCHRIG_TEST_HOLD_GO": str(go)}
 
 
-def start_two_nodes(run_dirs: list[Path], run_id: str, *extra: str) -> list[Launch]:
+def start_two_nodes(run_dirs: list[Path], run_id: str, *extra: str,
+                    env: dict[str, str] | None = None) -> list[Launch]:
     """Two launchers, one process each, meeting at a c10d rendezvous on loopback."""
     port = free_port()
     launches = []
@@ -103,7 +104,7 @@ def start_two_nodes(run_dirs: list[Path], run_id: str, *extra: str) -> list[Laun
         cmd = torchrun("--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
                        f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={run_id}",
                        "-m", "torchrig.train", *TRAIN_ARGS, *extra, "--run-dir", str(d))
-        launches.append(start(cmd, d.parent / f"{d.name}.log"))
+        launches.append(start(cmd, d.parent / f"{d.name}.log", env))
     return launches
 
 

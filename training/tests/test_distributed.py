@@ -112,11 +112,12 @@ def test_sigkilled_worker_restarts_and_reproduces(reference_run: Path, tmp_path:
 
 def test_sigterm_then_resume_across_nodes_with_corrupt_checkpoint(reference_run: Path,
                                                                   tmp_path: Path):
-    a, b = tmp_path / "node-a", tmp_path / "node-b"
-    launches = start_two_nodes([a, b], "sigterm")
+    a, b, go = tmp_path / "node-a", tmp_path / "node-b", tmp_path / "go"
+    launches = start_two_nodes([a, b], "sigterm", env=hold_after_checkpoint(100, go))
     wait_for(checkpoint.path_for(b / "checkpoints", 100).exists, "checkpoint 100", launches)
     for pid_file in b.glob("worker-rank*.pid"):  # as systemd stopping node b's workers
         os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    go.touch()
     # All ranks stop at the same step, checkpoint, and exit 0; so do both launchers.
     assert [la.wait() for la in launches] == [0, 0], [la.output()[-3000:] for la in launches]
     steps_a = checkpoint.list_steps(a / "checkpoints")
@@ -182,13 +183,14 @@ def test_stop_reaching_the_nodes_at_different_times_ends_the_job_once(tmp_path: 
     """stop.yml reaches the nodes a moment apart: node b's workers are told first, node a's
     while they are already checkpointing or exiting. The job must end as a stop on both
     nodes (exit 0, no restart), not as a failed worker that torchrun restarts."""
-    a, b = tmp_path / "node-a", tmp_path / "node-b"
-    launches = start_two_nodes([a, b], "late-stop")
+    a, b, go = tmp_path / "node-a", tmp_path / "node-b", tmp_path / "go"
+    launches = start_two_nodes([a, b], "late-stop", env=hold_after_checkpoint(50, go))
     wait_for(checkpoint.path_for(b / "checkpoints", 50).exists, "checkpoint 50", launches)
     pid_a = int((a / "worker-rank0.pid").read_text() if (a / "worker-rank0.pid").exists()
                 else (a / "worker-rank1.pid").read_text())
     for pid_file in b.glob("worker-rank*.pid"):
         os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    go.touch()
     # Node a's stop arrives late, at any moment of its worker's shutdown: keep sending it
     # until the worker is gone, as a slow SSH connection could deliver it at any of them.
     deadline = time.monotonic() + LAUNCH_TIMEOUT
