@@ -27,6 +27,10 @@ cat > /etc/systemd/system/torchrig-test-egress.service <<UNIT
 [Unit]
 Description=Drop traffic to anything outside the cluster (torchrig test fixture)
 DefaultDependencies=no
+# After nftables.service: Debian's /etc/nftables.conf, which it loads (the
+# firewall role enables it), begins with "flush ruleset"; run first, this
+# table was flushed at boot now and then (CI, after the faults' restarts).
+After=nftables.service
 Before=network-pre.target
 Wants=network-pre.target
 
