@@ -26,9 +26,17 @@ start=$SECONDS
 # The node keeps its addresses across a restart, as a real host does: they
 # are fixed in its container (molecule/shared/create.yml). A stopped
 # container shows none, so the address is read while it runs.
+# It keeps its /etc/hosts too, as a real host's disk does: podman writes the
+# file anew at each start, which drops the cluster's names (common role);
+# with the gateway's DNS dropped (drop_egress.sh) nothing else resolves them.
 save_address() {
     podman inspect --format "{{(index .NetworkSettings.Networks \"$net\").IPAddress}}" "$node" > "$saved"
     read -r ip < "$saved"
+    podman exec "$node" cat /etc/hosts > "$saved.hosts"
+}
+start_node() {
+    podman start "$node" > /dev/null || return 1
+    podman exec -i "$node" sh -c 'cat > /etc/hosts' < "$saved.hosts"
 }
 drop_rule() { podman exec torchrig-m-cluster-node1 nft -a list chain inet torchrig input | sed -n "s/.*ip saddr $1 drop # handle \([0-9]*\)/\1/p"; }
 if [ "$fault" = revive ]; then
@@ -36,7 +44,7 @@ if [ "$fault" = revive ]; then
     for handle in $(drop_rule "$ip"); do
         podman exec torchrig-m-cluster-node1 nft delete rule inet torchrig input handle "$handle" || exit 1
     done
-    podman start "$node" > /dev/null || exit 1
+    start_node || exit 1
     echo '{"fault": "revive", "done": "node1 hears node2 again; node2 started"}'
     exit 0
 fi
@@ -74,7 +82,7 @@ case $fault in
             podman stop --time 120 "$node" > /dev/null || exit 1
         fi
         stopped=$((SECONDS - t0))
-        podman start "$node" > /dev/null || exit 1
+        start_node || exit 1
         if [ "$fault" = power ]; then
             done="podman kill at ${killed_at}, podman start ${stopped} s later (address $ip kept)"
         else
