@@ -73,28 +73,34 @@ def nft_sets(*names: str) -> list[str]:
     return [(NFT / f"{name}.json").read_text() for name in names]
 
 
+def nft_ranges(*names: str) -> list[tuple]:
+    """The recorded sets' ranges, as the module reads them before outside_peers."""
+    return [r for text in nft_sets(*names) for r in node.nft_set_ranges(text)]
+
+
 def test_the_firewalls_merged_range_lets_the_cluster_in_and_keeps_the_management_network_out():
     sets = nft_sets("cluster-peers4", "cluster-peers6")
     assert [(str(a), str(b)) for a, b in node.nft_set_ranges(sets[0])] == [("10.89.1.11", "10.89.1.13")]
     assert node.nft_set_ranges(sets[1]) == []
-    assert node.outside_peers(["10.89.1.12", "10.89.1.13"], sets) == []
+    ranges = nft_ranges("cluster-peers4", "cluster-peers6")
+    assert node.outside_peers(["10.89.1.12", "10.89.1.13"], ranges) == []
     # The same nodes by their management addresses (an inventory without the training ones).
-    assert node.outside_peers(["10.89.0.12", "10.89.1.12", "10.89.1.14"], sets) == ["10.89.0.12", "10.89.1.14"]
+    assert node.outside_peers(["10.89.0.12", "10.89.1.12", "10.89.1.14"], ranges) == ["10.89.0.12", "10.89.1.14"]
 
 
 def test_addresses_prefixes_and_ipv6_peers_are_read():
-    sets = nft_sets("mixed-p4", "mixed-p6")
-    assert node.outside_peers(["10.89.1.11", "192.168.44.5", "fd00::11", "fd00:1::9"], sets) == []
-    assert node.outside_peers(["10.89.1.12", "fd00::12", "fd00:2::1", "192.169.0.1"], sets) == [
+    ranges = nft_ranges("mixed-p4", "mixed-p6")
+    assert node.outside_peers(["10.89.1.11", "192.168.44.5", "fd00::11", "fd00:1::9"], ranges) == []
+    assert node.outside_peers(["10.89.1.12", "fd00::12", "fd00:2::1", "192.169.0.1"], ranges) == [
         "10.89.1.12", "fd00::12", "fd00:2::1", "192.169.0.1"]
 
 
 def test_an_element_with_a_comment_is_read():
-    assert node.outside_peers(["10.1.1.1", "10.1.1.2"], nft_sets("mixed-c4")) == ["10.1.1.2"]
+    assert node.outside_peers(["10.1.1.1", "10.1.1.2"], nft_ranges("mixed-c4")) == ["10.1.1.2"]
 
 
 def test_an_ipv4_range_does_not_hold_an_ipv6_address():
-    assert node.outside_peers(["::ffff:10.89.1.12"], nft_sets("cluster-peers4")) == ["::ffff:10.89.1.12"]
+    assert node.outside_peers(["::ffff:10.89.1.12"], nft_ranges("cluster-peers4")) == ["::ffff:10.89.1.12"]
 
 
 def test_an_element_torchrig_does_not_read_is_named():

@@ -126,10 +126,11 @@ def firewall_peers(module: AnsibleModule) -> tuple[list[str], list[str]]:
     if not sets:  # no torchrig table: the firewall role does not manage this node
         return [], []
     try:
-        allowed = [str(a) if a == b else f"{a}-{b}" for text in sets for a, b in nft_set_ranges(text)]
-        return outside_peers(module.params["peers"], sets), allowed
+        ranges = [r for text in sets for r in nft_set_ranges(text)]
     except ValueError as e:
         module.fail_json(msg=f"reading the firewall's peers: {e}")
+    allowed = [str(a) if a == b else f"{a}-{b}" for a, b in ranges]
+    return outside_peers(module.params["peers"], ranges), allowed
 
 
 def main() -> None:

@@ -88,10 +88,9 @@ def nft_set_ranges(text: str) -> list[tuple[ipaddress.IPv4Address | ipaddress.IP
     return ranges
 
 
-def outside_peers(addresses: list[str], nft_sets: list[str]) -> list[str]:
-    """The addresses, of those given, that no element of the firewall's peer sets holds
-    (the sets as `nft -j list set` prints them): peers the firewall keeps out."""
-    ranges = [r for text in nft_sets for r in nft_set_ranges(text)]
+def outside_peers(addresses: list[str], ranges: list[tuple]) -> list[str]:
+    """The addresses, of those given, that no range of the firewall's peer sets holds
+    (nft_set_ranges of each set): peers the firewall keeps out."""
     outside = []
     for address in addresses:
         ip = ipaddress.ip_address(address)
