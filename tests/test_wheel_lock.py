@@ -413,7 +413,7 @@ def test_fill_without_a_committed_lock_resolves_and_says_how_to_pin(source: Path
     assert (f"locked in {dest / wl.LOCK_FILENAME}; copy it to {locks / name} and commit it to pin this row"
             in out.stderr)
     assert check(dest / wl.LOCK_FILENAME, dest).returncode == 0
-    assert [p.name for p in dest.parent.iterdir()] == ["row"]  # no .partial- left
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["row", "row.lock"]  # no .partial- left
 
 
 def commit_first_lock(source: Path, tmp_path: Path) -> tuple[Path, str]:
@@ -461,7 +461,7 @@ def test_fill_refuses_a_file_that_differs_from_the_committed_lock(source: Path, 
     assert (f"REFUSED alpha_pkg-1.0-py3-none-any.whl: package alpha-pkg (alpha-pkg==1.0): expected sha256 "
             f"{expected}, got sha256 {sha256(wheel)}") in out.stderr
     assert f"delete {locks / name}, run provision.yml again" in out.stderr
-    assert not dest.exists() and list(dest.parent.iterdir()) == []  # complete or absent
+    assert not dest.exists() and [p.name for p in dest.parent.iterdir()] == ["row.lock"]  # complete or absent
 
 
 def test_fill_reports_no_lock_for_a_wheelhouse_filled_before_locks(tmp_path: Path) -> None:
@@ -471,3 +471,36 @@ def test_fill_reports_no_lock_for_a_wheelhouse_filled_before_locks(tmp_path: Pat
                           "--glibc", "2.36", "--torch", "torch==2.14.1"],
                          capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(out.stdout)["lock"] is None
+
+
+# --- two runs filling the same wheelhouse at once (one controller, several clusters) --------
+
+
+def start_fill(dest: Path, source: Path, lock_dir: Path) -> subprocess.Popen[str]:
+    """run_fill, started and not waited for."""
+    cmd = [sys.executable, str(FILL), "--dest", str(dest), "--python", HERE_PY, "--machine", HERE_MACHINE,
+           "--glibc", HERE_GLIBC, "--index-url", "", "--variant", "cpu", "--lock-dir", str(lock_dir),
+           "--torch", "torch==2.14.1", "torchvision==0.29.1", "--deps", "alpha-pkg", "--nodeps", "gamma"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=pip_env(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(source)))
+
+
+def test_two_first_fills_at_once_both_succeed_with_one_download(source: Path, tmp_path: Path) -> None:
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    dest = tmp_path / "cache/wheelhouse/row"
+    dest.parent.mkdir(parents=True)
+    # The test holds the fill's lock, so both runs are surely there at once.
+    with fill.cache_lock.held(str(dest)):
+        runs = [start_fill(dest, source, locks) for _ in range(2)]
+        with pytest.raises(subprocess.TimeoutExpired):
+            runs[0].wait(timeout=2)
+        assert runs[1].poll() is None  # both wait for the lock
+    outs = [run.communicate(timeout=300) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err for _, err in outs]
+    assert json.loads(outs[0][0]) == json.loads(outs[1][0])
+    assert json.loads(outs[0][0])["files"] == 4
+    # One downloaded (pip's "Saved ..." lines); the other found its wheelhouse complete.
+    assert sorted("Saved " in err for _, err in outs) == [False, True]
+    assert check(dest / wl.LOCK_FILENAME, dest).returncode == 0
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["row", "row.lock"]  # no .partial- left

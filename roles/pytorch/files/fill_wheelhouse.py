@@ -3,7 +3,9 @@
 The directory appears complete or not at all: pip downloads into a temporary
 directory beside it, the lock `torchrig-lock.txt` (every wheel with its
 sha256, see wheel_lock.py) is written there, and the directory is renamed when
-all of that succeeded.
+all of that succeeded. Two runs filling the same directory at once (clusters
+provisioned side by side from one controller) take turns on `<dest>.lock`
+(cache_lock.py): the second finds the first's directory and uses it.
 
 With --lock-dir, a committed lock for this stack and target
 (`<lock-dir>/torch<torch>-<variant>-py<python>-<machine>.txt`, see lock_name)
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 # Run by path (ansible_playbook_python role_path/files/fill_wheelhouse.py): the
 # lock format lives beside it, in the one module the nodes run too.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cache_lock  # noqa: E402
 import wheel_lock  # noqa: E402
 
 try:  # ansible-core depends on packaging, so the controller has it; the fallback reads plain pins only.
@@ -326,13 +329,14 @@ def main(argv: list[str] | None = None) -> int:
 
     lock = os.path.join(a.dest, wheel_lock.LOCK_FILENAME)
     try:
-        if not os.path.isdir(a.dest):
-            committed = fill(a.dest, request, a.lock_dir)
-        else:
-            # Filled earlier: pinned by the committed lock only if it holds that very lock.
-            committed, _ = choose_lock(a.lock_dir, request) if a.lock_dir else (None, "")
-            if committed and not (os.path.isfile(lock) and _same_file(lock, committed)):
-                committed = None
+        with cache_lock.held(a.dest):
+            if not os.path.isdir(a.dest):
+                committed = fill(a.dest, request, a.lock_dir)
+            else:
+                # Filled earlier: pinned by the committed lock only if it holds that very lock.
+                committed, _ = choose_lock(a.lock_dir, request) if a.lock_dir else (None, "")
+                if committed and not (os.path.isfile(lock) and _same_file(lock, committed)):
+                    committed = None
     except FillError as e:
         print(e, file=sys.stderr)
         return 1
