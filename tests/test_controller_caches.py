@@ -1,0 +1,112 @@
+"""What the controller keeps in ~/.cache/torchrig when two runs use it at once
+(clusters provisioned side by side from one controller, molecule scenarios in
+parallel): each entry is complete or absent, and the second run waits for the
+first and uses its result instead of failing.
+
+The wheelhouse's case is in test_wheel_lock.py, the job venv's in test_job_venv.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from rolepy import ROOT, load
+
+FILES = ROOT / "roles/pytorch/files"
+BUILD = FILES / "build_training_wheel.py"
+cache_lock = load("roles/pytorch/files/cache_lock.py", "cache_lock")
+
+# A build backend in the source tree itself (PEP 517 backend-path) that needs
+# nothing from an index, so pip builds offline; each build is logged.
+BACKEND = '''
+import os, zipfile
+
+META = "Metadata-Version: 2.1\\nName: tiny\\nVersion: 1.0\\n"
+
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    os.makedirs(os.path.join(metadata_directory, "tiny-1.0.dist-info"))
+    with open(os.path.join(metadata_directory, "tiny-1.0.dist-info", "METADATA"), "w") as f:
+        f.write(META)
+    return "tiny-1.0.dist-info"
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    if os.environ.get("TINY_FAIL"):
+        raise SystemExit("tiny: refusing to build")
+    with open(os.environ["TINY_LOG"], "a") as f:
+        f.write("built\\n")
+    name = "tiny-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
+        z.writestr("tiny.py", "")
+        z.writestr("tiny-1.0.dist-info/METADATA", META)
+        z.writestr("tiny-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n")
+        z.writestr("tiny-1.0.dist-info/RECORD", "")
+    return name
+'''
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n')
+    (src / "backend.py").write_text(BACKEND)
+    return src
+
+
+def start_build(source: Path, dest: Path, log: Path, **env: str) -> subprocess.Popen[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    clean.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
+                 TINY_LOG=str(log), **env)
+    return subprocess.Popen([sys.executable, str(BUILD), str(source), str(dest)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=clean)
+
+
+def test_two_builds_of_one_hash_at_once_build_once_and_both_succeed(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "training/0123abcd"
+    dest.parent.mkdir()
+    log = tmp_path / "builds.log"
+    with cache_lock.held(str(dest)):  # both runs are surely there at once
+        runs = [start_build(source, dest, log) for _ in range(2)]
+        with pytest.raises(subprocess.TimeoutExpired):
+            runs[0].wait(timeout=2)
+        assert runs[1].poll() is None
+    outs = [run.communicate(timeout=120) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err for _, err in outs]
+    assert sorted(json.loads(out)["built"] for out, _ in outs) == [False, True]
+    assert log.read_text() == "built\n"
+    assert sorted(os.listdir(dest)) == [".built", "tiny-1.0-py3-none-any.whl"]
+    with zipfile.ZipFile(dest / "tiny-1.0-py3-none-any.whl") as z:
+        assert z.testzip() is None
+    assert sorted(os.listdir(dest.parent)) == ["0123abcd", "0123abcd.lock"]  # no .partial- left
+
+
+def test_a_failed_build_leaves_no_directory(source: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "training/0123abcd"
+    run = start_build(source, dest, tmp_path / "builds.log", TINY_FAIL="1")
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1 and out == ""
+    assert f"build_training_wheel: pip could not build the wheel of {source}" in err
+    assert sorted(os.listdir(dest.parent)) == ["0123abcd.lock"]  # the next run builds again
+
+
+def test_a_directory_without_its_marker_is_built_again(source: Path, tmp_path: Path) -> None:
+    # What a build killed halfway left when builds went into the directory itself.
+    dest = tmp_path / "training/0123abcd"
+    dest.mkdir(parents=True)
+    (dest / "tiny-1.0-py3-none-any.whl").write_bytes(b"PK\x03\x04 cut short")
+    log = tmp_path / "builds.log"
+    run = start_build(source, dest, log)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    assert json.loads(out) == {"dir": str(dest), "built": True}
+    with zipfile.ZipFile(dest / "tiny-1.0-py3-none-any.whl") as z:
+        assert z.testzip() is None
