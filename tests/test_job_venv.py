@@ -127,7 +127,7 @@ def test_another_torch_is_refused_with_the_stacks_version_and_what_to_do(tmp_pat
         "from requirements.txt (the stack's is there for the job) or accept the stack's version. For another "
         "torch, run the job on nodes provisioned with a matrix row that has it (torchrig_torch, then "
         "provision.yml). Nothing was changed on the nodes; no job was started.")
-    assert not os.listdir(tmp_path / "cache")  # nothing kept
+    assert os.listdir(tmp_path / "cache") == [found["key"] + ".lock"]  # nothing kept but the lock file
 
 
 def test_a_dependency_that_needs_another_torch_is_named(tmp_path, index):
@@ -150,7 +150,34 @@ def test_only_what_the_stack_lacks_is_downloaded_once(tmp_path, index):
     for wheel in index.iterdir():
         wheel.unlink()
     assert download(tmp_path, index, "uses-torch\ntomli-w\ntorch\n") == found
-    assert sorted(os.listdir(tmp_path / "cache")) == [found["key"]]
+    assert sorted(os.listdir(tmp_path / "cache")) == [found["key"], found["key"] + ".lock"]
+
+
+def test_two_runs_downloading_the_same_requirements_at_once_both_succeed(tmp_path, index):
+    # Two clusters (or molecule scenarios) starting the same job from one controller.
+    req = tmp_path / "requirements.txt"
+    req.write_text("uses-torch\ntomli-w\n")
+    request = {"requirements": str(req), "constraints": STACK, "cache": str(tmp_path / "cache"),
+               "pytorch_files": PYTORCH_FILES, "pip_args": ["--no-index", "--find-links", str(index)],
+               "python": "{}.{}".format(*sys.version_info[:2]), "machine": os.uname().machine,
+               "glibc": __import__("platform").libc_ver()[1]}
+    key = jv.cache_key(req.read_text(), STACK, request["python"], request["machine"], request["glibc"])
+    cache_lock = load("roles/pytorch/files/cache_lock.py", "cache_lock")
+    with cache_lock.held(str(tmp_path / "cache" / key)):  # both runs are surely there at once
+        runs = [subprocess.Popen([sys.executable, jv.__file__, "download"], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        for run in runs:
+            run.stdin.write(json.dumps(request))
+            run.stdin.close()
+        with pytest.raises(subprocess.TimeoutExpired):
+            runs[0].wait(timeout=2)
+        assert runs[1].poll() is None
+    outs = [(run.stdout.read(), run.stderr.read(), run.wait(timeout=120)) for run in runs]
+    assert [rc for _, _, rc in outs] == [0, 0], [err for _, err, _ in outs]
+    assert json.loads(outs[0][0]) == json.loads(outs[1][0])
+    assert json.loads(outs[0][0])["files"] == ["einops-0.8.2-py3-none-any.whl", "tomli_w-1.2.0-py3-none-any.whl",
+                                                "uses_torch-1.0-py3-none-any.whl"]
+    assert sorted(os.listdir(tmp_path / "cache")) == [key, key + ".lock"]  # no .partial- left
 
 
 def test_the_conflict_parser_reads_pips_lines():

@@ -15,7 +15,9 @@ Two commands, both printing JSON (roles/torchrun/tasks/requirements.yml):
       constraints (the place a torch the stack does not have is refused, before
       any node changes) and downloads the wheels the stack does not already have
       into a cache directory keyed by the requirements, the constraints and the
-      nodes' platform; once. Prints {"dir", "key", "files"} or {"conflict": MESSAGE}.
+      nodes' platform; once (two runs at once take turns on the directory's
+      .lock, and the second uses the first's). Prints {"dir", "key", "files"}
+      or {"conflict": MESSAGE}.
 
 The functions are plain, for tests/test_job_venv.py.
 """
@@ -203,44 +205,50 @@ def download(request):
     installed = {canonical(k): v for k, v in request.get("packages", packages).items()}  # with local labels
     key = cache_key(requirements, constraints, request["python"], request["machine"], request["glibc"])
     dest = os.path.join(request["cache"], key)
-    if not os.path.isdir(dest):
-        sys.path.insert(0, request["pytorch_files"])
-        from fill_wheelhouse import target_args  # the pytorch role's: the nodes' pip flags
+    sys.path.insert(0, request["pytorch_files"])
+    import cache_lock  # the pytorch role's
 
-        extra = target_args(request["python"], request["machine"], request["glibc"])
-        os.makedirs(request["cache"], exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=".partial-", dir=request["cache"])
-        try:
-            cons = os.path.join(tmp, "constraints.txt")
-            with open(cons, "w") as f:
-                f.write(constraints)
-            report = os.path.join(tmp, "report.json")
-            wheels = os.path.join(tmp, "wheels")
-            pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-            index = list(request.get("pip_args", []))  # e.g. --no-index --find-links DIR
-            # Resolve against the stack's constraints without downloading: a
-            # requirement the stack cannot meet stops here, named.
-            # (--target: pip takes the nodes' platform flags for a dry run only with it.)
-            resolve = subprocess.run(
-                pip + ["install", "--dry-run", "--ignore-installed", "--report", report, "--target",
-                       os.path.join(tmp, "target"), "-r", request["requirements"], "-c", cons] + index + extra,
-                check=False, capture_output=True, text=True)
-            if resolve.returncode != 0:
-                message = conflict_message(resolve.stdout + resolve.stderr, installed,
-                                           request.get("label", "requirements.txt"), request.get("node", "the nodes"))
-                return {"conflict": message or "pip could not resolve the job's requirements.txt:\n"
-                        + (resolve.stderr or resolve.stdout).strip()[-3000:], "key": key}
-            with open(report) as f:
-                chosen = [item["metadata"] for item in json.load(f)["install"]]
-            # What the stack has is there on the node already: not fetched, not pushed.
-            pins = sorted(f"{meta['name']}=={meta['version']}" for meta in chosen
-                          if canonical(meta["name"]) not in packages)
-            os.makedirs(wheels)
-            _pip_fetch(pip, pins, wheels, index, extra)
-            drop_stack_files(wheels, packages)
-            os.rename(wheels, dest)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    # Runs for other clusters may fill dest at the same moment: one at a time,
+    # and one that waited finds dest made and uses it.
+    with cache_lock.held(dest):
+        if not os.path.isdir(dest):
+            from fill_wheelhouse import target_args  # the pytorch role's: the nodes' pip flags
+
+            extra = target_args(request["python"], request["machine"], request["glibc"])
+            os.makedirs(request["cache"], exist_ok=True)
+            tmp = tempfile.mkdtemp(prefix=".partial-", dir=request["cache"])
+            try:
+                cons = os.path.join(tmp, "constraints.txt")
+                with open(cons, "w") as f:
+                    f.write(constraints)
+                report = os.path.join(tmp, "report.json")
+                wheels = os.path.join(tmp, "wheels")
+                pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+                index = list(request.get("pip_args", []))  # e.g. --no-index --find-links DIR
+                # Resolve against the stack's constraints without downloading: a
+                # requirement the stack cannot meet stops here, named.
+                # (--target: pip takes the nodes' platform flags for a dry run only with it.)
+                resolve = subprocess.run(
+                    pip + ["install", "--dry-run", "--ignore-installed", "--report", report, "--target",
+                           os.path.join(tmp, "target"), "-r", request["requirements"], "-c", cons] + index + extra,
+                    check=False, capture_output=True, text=True)
+                if resolve.returncode != 0:
+                    message = conflict_message(resolve.stdout + resolve.stderr, installed,
+                                               request.get("label", "requirements.txt"),
+                                               request.get("node", "the nodes"))
+                    return {"conflict": message or "pip could not resolve the job's requirements.txt:\n"
+                            + (resolve.stderr or resolve.stdout).strip()[-3000:], "key": key}
+                with open(report) as f:
+                    chosen = [item["metadata"] for item in json.load(f)["install"]]
+                # What the stack has is there on the node already: not fetched, not pushed.
+                pins = sorted(f"{meta['name']}=={meta['version']}" for meta in chosen
+                              if canonical(meta["name"]) not in packages)
+                os.makedirs(wheels)
+                _pip_fetch(pip, pins, wheels, index, extra)
+                drop_stack_files(wheels, packages)
+                os.rename(wheels, dest)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     files = sorted(os.listdir(dest))
     return {"dir": dest, "key": key, "files": files}
 
