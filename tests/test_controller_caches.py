@@ -110,3 +110,41 @@ def test_a_directory_without_its_marker_is_built_again(source: Path, tmp_path: P
     assert json.loads(out) == {"dir": str(dest), "built": True}
     with zipfile.ZipFile(dest / "tiny-1.0-py3-none-any.whl") as z:
         assert z.testzip() is None
+
+
+# --- the node image's tarball (roles/local_cluster/files/build-node-image.sh) ---------------
+
+IMAGE_SCRIPT = ROOT / "roles/local_cluster/files/build-node-image.sh"
+
+# Stand-ins for debootstrap (a root tree with a file big enough that tar takes
+# a moment; it returns once both builds have got this far, so that they tar at
+# the same time) and chroot (nothing to run inside a fake tree).
+FAKE_DEBOOTSTRAP = """#!/bin/bash
+set -eu
+root=${@: -2:1}
+mkdir -p "$root/etc/ssh/sshd_config.d" "$root/etc/sudoers.d" "$root/usr/local/share/ca-certificates"
+head -c 30000000 /dev/urandom > "$root/payload"
+touch "$BARRIER/$$"
+for _ in $(seq 100); do [ "$(ls "$BARRIER" | wc -l)" -ge 2 ] && exit 0; sleep 0.1; done
+"""
+
+
+def test_two_image_builds_at_once_each_leave_a_complete_tarball(tmp_path: Path) -> None:
+    bin_dir, barrier, cache = tmp_path / "bin", tmp_path / "barrier", tmp_path / "cache"
+    for d in (bin_dir, barrier, cache):
+        d.mkdir()
+    (bin_dir / "debootstrap").write_text(FAKE_DEBOOTSTRAP)
+    (bin_dir / "chroot").write_text("#!/bin/sh\nexit 0\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BARRIER": str(barrier)}
+    out = cache / "node-abc123.tar"
+    runs = [subprocess.Popen(["bash", str(IMAGE_SCRIPT), str(out), "bookworm", "http://mirror.invalid", "systemd",
+                              "admin"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)]
+    results = [run.communicate(timeout=120) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err for _, err in results]
+    listed = subprocess.run(["tar", "-tvf", str(out)], capture_output=True, text=True, check=True).stdout
+    assert any(line.split()[2] == "30000000" and line.endswith("./payload") for line in listed.splitlines())
+    assert sorted(os.listdir(cache)) == ["node-abc123.tar"]  # no temporary file left
+    assert oct(out.stat().st_mode & 0o777) == "0o644"

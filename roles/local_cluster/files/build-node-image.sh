@@ -8,7 +8,12 @@ set -euo pipefail
 
 out=$1 suite=$2 mirror=$3 include=$4 admin=$5
 work=$(mktemp -d /var/tmp/torchrig-rootfs.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+# The tarball is written under a name of this run's own and renamed: two
+# builds at once (make image in two checkouts) each rename a complete file,
+# and neither sees the other's half-written one. The name does not match
+# node-*.tar, which image.yml removes as an older recipe's.
+tmp=$(mktemp "$out.XXXXXX")
+trap 'rm -rf "$work" "$tmp"' EXIT
 root=$work/rootfs
 
 debootstrap --variant=minbase --include="$include" "$suite" "$root" "$mirror"
@@ -50,5 +55,6 @@ chroot "$root" apt-get update -qq
 chroot "$root" apt-get clean
 : > "$root/etc/resolv.conf"
 
-tar --numeric-owner -C "$root" -cf "$out.tmp" .
-mv "$out.tmp" "$out"
+tar --numeric-owner -C "$root" -cf "$tmp" .
+chmod 0644 "$tmp"
+mv "$tmp" "$out"
