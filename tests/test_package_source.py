@@ -23,6 +23,7 @@ from rolepy import ROOT, load
 st = load("roles/package_source/files/apt_state.py", "torchrig_apt_state")
 APT_REPO = ROOT / "roles/package_source/files/apt_repo.py"
 REPO_NAME = "debian-bookworm-amd64"
+CLUSTER = "c1"
 TOOLS = ("apt-get", "apt-cache", "dpkg-deb", "gpg", "gpgv", "gpgconf")
 pytestmark = pytest.mark.skipif(not all(shutil.which(t) for t in TOOLS), reason=f"needs {', '.join(TOOLS)}")
 DKMS = (
@@ -340,22 +341,21 @@ def with_uri(state, uri, status=None):
     return state
 
 
-def fetch(tmp, states, *packages, cache=None, key_dir=None, cwd=None):
-    """apt_repo.py fetch, as the role runs it (the states on stdin)."""
+def repo_of(tmp, cluster=CLUSTER):
+    """Where fetch keeps a cluster's repository for the nodes' kind (Debian 12, amd64)."""
+    return tmp / "cache/clusters" / cluster / "repo" / REPO_NAME
+
+
+def fetch_argv(tmp, *packages, cache=None, key_dir=None, cluster=CLUSTER):
     cache, key_dir = cache or tmp / "cache", key_dir or tmp / "key"
+    return [sys.executable, str(APT_REPO), "fetch", "--states", "/dev/stdin", "--cache", str(cache),
+            "--key-dir", str(key_dir), f"--cluster={cluster}", *packages]
+
+
+def fetch(tmp, states, *packages, cache=None, key_dir=None, cwd=None, cluster=CLUSTER):
+    """apt_repo.py fetch, as the role runs it (the states on stdin)."""
     done = subprocess.run(
-        [
-            sys.executable,
-            str(APT_REPO),
-            "fetch",
-            "--states",
-            "/dev/stdin",
-            "--cache",
-            str(cache),
-            "--key-dir",
-            str(key_dir),
-            *packages,
-        ],
+        fetch_argv(tmp, *packages, cache=cache, key_dir=key_dir, cluster=cluster),
         input=json.dumps(states),
         capture_output=True,
         text=True,
@@ -391,7 +391,7 @@ def cluster(built, node_state, driver, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cluster")
     done = fetch(tmp, {"node1": node_state, "node2": node_state}, driver["pattern"])
     assert done.returncode == 0, done.stderr
-    repo = tmp / "cache/repo" / REPO_NAME
+    repo = repo_of(tmp)
     yield {"tmp": tmp, "out": json.loads(done.stdout), "repo": repo, "public": tmp / "key/torchrig-packages.gpg"}
     subprocess.run(["gpgconf", "--homedir", str(tmp / "key/gnupg"), "--kill", "all"], capture_output=True, check=False)
 
@@ -463,7 +463,7 @@ def test_fetch_refuses_a_source_the_node_cannot_verify(built, node_state, tmp_pa
     done = fetch(tmp_path, {"node1": with_uri(node_state, built[kind])}, "nvidia-smi")
     assert done.returncode != 0
     assert message in done.stderr and "Nothing was fetched" in done.stderr, done.stderr
-    assert not (tmp_path / "cache/repo").exists()
+    assert not (tmp_path / "cache/clusters" / CLUSTER / "repo").exists()
 
 
 def test_fetch_refuses_a_source_whose_signature_goes_bad_after_a_good_read(built, server, node_state, tmp_path):
@@ -476,7 +476,7 @@ def test_fetch_refuses_a_source_whose_signature_goes_bad_after_a_good_read(built
     done = fetch(tmp_path, state, "nvidia-persistenced")
     assert done.returncode != 0
     assert "NO_PUBKEY" in done.stderr and "Nothing was fetched" in done.stderr, done.stderr
-    pool = tmp_path / "cache/repo" / REPO_NAME / "pool"
+    pool = repo_of(tmp_path) / "pool"
     assert not any(p.name.startswith("nvidia-persistenced") for p in pool.iterdir())
 
 
@@ -484,7 +484,7 @@ def test_fetch_names_a_package_that_does_not_exist(node_state, tmp_path):
     done = fetch(tmp_path, {"node1": node_state}, "nvidia-smi", "torchrig-no-such-package")
     assert done.returncode != 0
     assert "torchrig-no-such-package" in done.stderr and "Nothing was changed" in done.stderr, done.stderr
-    assert not (tmp_path / "cache/repo").exists()
+    assert not (tmp_path / "cache/clusters" / CLUSTER / "repo").exists()
 
 
 def test_fetch_names_the_versions_found_for_a_pattern_without_match(built, node_state, tmp_path):
@@ -503,7 +503,7 @@ def test_fetch_downloads_nothing_the_node_has(built, cluster, node_state, driver
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert (out["changed"], out["added"]) == (False, [])
-    assert list((tmp_path / "cache/repo" / REPO_NAME / "pool").iterdir()) == []
+    assert list((repo_of(tmp_path) / "pool").iterdir()) == []
 
 
 def test_fetch_with_relative_paths(node_state, tmp_path):
@@ -520,7 +520,80 @@ def test_a_new_key_re_signs_the_repository(node_state, tmp_path):
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert (out["changed"], out["added"]) == (True, [])
-    assert verifies(tmp_path / "cache/repo" / REPO_NAME / "InRelease", tmp_path / "key/torchrig-packages.gpg")
+    assert verifies(repo_of(tmp_path) / "InRelease", tmp_path / "key/torchrig-packages.gpg")
+
+
+# --- one controller, several clusters ---
+
+
+def pool_of(tmp, cluster):
+    return sorted(p.name for p in (repo_of(tmp, cluster) / "pool").glob("*.deb"))
+
+
+def test_another_clusters_fetch_leaves_this_clusters_index_alone(node_state, driver, tmp_path):
+    """Cluster b's fetch lands between cluster a's first and second run: a's second run changes nothing."""
+    first = fetch(tmp_path, {"a1": node_state}, "nvidia-smi", cluster="a")
+    assert first.returncode == 0, first.stderr
+    a_index = (repo_of(tmp_path, "a") / "InRelease").read_bytes()
+    other = fetch(tmp_path, {"b1": node_state, "b2": node_state}, driver["pattern"], "nvidia-smi", cluster="b")
+    assert other.returncode == 0, other.stderr
+    again = json.loads(fetch(tmp_path, {"a1": node_state}, "nvidia-smi", cluster="a").stdout)
+    assert (again["changed"], again["added"]) == (False, [])
+    assert (repo_of(tmp_path, "a") / "InRelease").read_bytes() == a_index
+    # Each index lists its own cluster's packages only; b's driver never reaches a's nodes.
+    assert [n.split("_")[0] for n in pool_of(tmp_path, "a")] == ["nvidia-smi"]
+    assert any(n.startswith("nvidia-open_") for n in pool_of(tmp_path, "b"))
+    assert "nvidia-smi" in (repo_of(tmp_path, "b") / "Packages").read_text()
+    assert "nvidia-open" not in (repo_of(tmp_path, "a") / "Packages").read_text()
+    # The .deb both asked for was downloaded once: both pools hold the shared archive's file.
+    smi = next(n for n in pool_of(tmp_path, "a") if n.startswith("nvidia-smi_"))
+    shared = (tmp_path / "cache/archives" / smi).stat().st_ino
+    assert (repo_of(tmp_path, "a") / "pool" / smi).stat().st_ino == shared
+    assert (repo_of(tmp_path, "b") / "pool" / smi).stat().st_ino == shared
+
+
+def test_fetches_at_the_same_time_are_safe(node_state, driver, tmp_path):
+    """Two clusters fetched at once from a fresh controller: one signing key, both repositories whole."""
+    runs = {
+        cluster: subprocess.Popen(fetch_argv(tmp_path, *packages, cluster=cluster), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for cluster, packages in (("a", ["nvidia-smi"]), ("b", [driver["pattern"], "nvidia-smi"]))
+    }
+    outs = {c: p.communicate(json.dumps({f"{c}1": node_state}), timeout=180) for c, p in runs.items()}
+    for cluster, proc in runs.items():
+        assert proc.returncode == 0, outs[cluster][1]
+    keys = {json.loads(out)["key"]["fingerprint"] for out, _ in outs.values()}
+    assert len(keys) == 1
+    for cluster in ("a", "b"):
+        repo = repo_of(tmp_path, cluster)
+        assert verifies(repo / "InRelease", tmp_path / "key/torchrig-packages.gpg")
+        assert {s["Filename"].split("/")[1] for s in stanzas((repo / "Packages").read_text())} == set(
+            pool_of(tmp_path, cluster))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("arch", 'amd64"; APT::Update::Pre-Invoke:: "touch /tmp/torchrig-pwned"; //'),
+        ("release", "../../../.."),
+        ("os", "Debian\n"),
+        ("os", None),
+    ],
+)
+def test_a_node_reporting_a_strange_name_is_refused(node_state, tmp_path, field, value):
+    """What a node reports names a directory and goes into an apt.conf on the controller: plain names only."""
+    done = fetch(tmp_path, {"node1": {**node_state, field: value}}, "nvidia-smi")
+    assert done.returncode != 0
+    assert f"node1 reported {field} {value!r}" in done.stderr
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("name", ["", "../a", "a/b", "-a", "a" * 65, "a\n"])
+def test_a_strange_cluster_name_is_refused(node_state, tmp_path, name):
+    done = fetch(tmp_path, {"node1": node_state}, "nvidia-smi", cluster=name)
+    assert done.returncode != 0
+    assert "torchrig_cluster_name" in done.stderr
+    assert not (tmp_path / "cache").exists()
 
 
 # --- the node's side: its apt reads the cluster's repository only ---
@@ -636,7 +709,7 @@ def test_epoch_versions_reach_the_node_over_http(server, tmp_path):
     done = fetch(tmp_path, {"node1": state}, "torchrig-epoch")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["added"] == [f"{REPO_NAME}/torchrig-epoch_1%3a2.0-1_all.deb"]
-    repo = tmp_path / "cache/repo" / REPO_NAME
+    repo = repo_of(tmp_path)
     root, apt = node_apt(tmp_path, publish(server, "epoch-cluster", repo), tmp_path / "key/torchrig-packages.gpg")
     assert apt("update").returncode == 0
     install = apt("install", "--download-only", "--yes", "torchrig-epoch=1:2.0-1")

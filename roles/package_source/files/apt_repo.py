@@ -5,25 +5,36 @@
         The repository's signing key (made once, kept in DIR, never leaves
         it). Prints JSON: fingerprint, the public keyring's path, created.
 
-    apt_repo.py fetch --states FILE --cache DIR --key-dir DIR [--no-recommends] PACKAGE ...
+    apt_repo.py fetch --states FILE --cache DIR --key-dir DIR --cluster NAME [--no-recommends] PACKAGE ...
         FILE holds {host: apt_state.py's JSON}. For each node, apt resolves
         PACKAGE ... against the node's own sources, keys, preferences and dpkg
-        status (an apt root under DIR/roots, no chroot), and downloads what
-        the node lacks. apt checks each upstream Release signature against the
-        key the node trusts for that source, and each .deb against its
-        Release's hashes. The new .debs join DIR/repo/<os>-<release>-<arch>, a
-        flat repository signed with torchrig's key; the nodes trust that key
-        for it alone. Prints JSON: changed, added files, bytes, repositories,
-        the sha256 of each one's InRelease, and the key (as `key` prints it).
+        status (an apt root under DIR/clusters/NAME/roots, no chroot), and
+        downloads what the node lacks. apt checks each upstream Release
+        signature against the key the node trusts for that source, and each
+        .deb against its Release's hashes. The .debs the node needs join
+        DIR/clusters/NAME/repo/<os>-<release>-<arch>, a flat repository signed
+        with torchrig's key; the nodes trust that key for it alone. Prints
+        JSON: changed, added files, bytes, repositories, the sha256 of each
+        one's InRelease, and the key (as `key` prints it).
 
 Each .deb is downloaded once for the whole cluster, whatever the number of
 nodes: the nodes then fetch from the cluster's package host.
+
+One controller may serve several clusters, and several runs may fetch at the
+same time. Each cluster (NAME) has its own apt roots and its own signed
+repository, so one cluster's fetch never changes what another cluster's nodes
+read; runs for the same cluster take turns (a lock in its directory). Only
+the downloads are shared, in DIR/archives: a .deb is the same file whoever
+asks for it, apt checks it against the asking node's signed index before it
+is used, and runs take turns there too. The signing key is made under a lock.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import fcntl
 import fnmatch
 import gzip
 import hashlib
@@ -33,6 +44,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 KEY_UID = "torchrig cluster packages"
@@ -44,10 +56,27 @@ BAD_SIGNATURE = re.compile(
 )
 # Fixed: the Release file changes only when the packages do.
 RELEASE_DATE = "Thu, 01 Jan 2026 00:00:00 UTC"
+# A cluster's name becomes a directory name: the same rule as torchrig_cluster_name.
+CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# The line apt-get --print-uris prints per .deb: 'URI' FILENAME SIZE HASH (the hash is
+# MD5Sum or empty, whatever the index holds; apt checks the SHA256 itself when it downloads).
+PRINTED_URI = re.compile(r"'(?P<uri>[^']+)' (?P<name>\S+) (?P<size>\d+) (?P<hash>\S*)")
 
 
 class FetchError(Exception):
     """A failure the user must act on; its text says what and where."""
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on path (created) until the block ends; other runs wait their turn."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def gpg(home: Path, *args: str) -> bytes:
@@ -59,16 +88,19 @@ def ensure_key(key_dir: Path) -> dict:
     """The signing key, created the first time; its public keyring beside it."""
     home, public = key_dir / "gnupg", key_dir / "torchrig-packages.gpg"
     created = False
-    if not public.is_file():
-        home.mkdir(parents=True, exist_ok=True)
-        os.chmod(key_dir, 0o700)
-        os.chmod(home, 0o700)
-        gpg(home, "--passphrase", "", "--pinentry-mode", "loopback",
-            "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
-        tmp = public.with_suffix(".tmp")
-        tmp.write_bytes(gpg(home, "--export", KEY_UID))
-        tmp.rename(public)
-        created = True
+    key_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(key_dir, 0o700)
+    # Two first runs at once would each make a key, and one cluster would get the wrong public half.
+    with locked(key_dir / ".lock"):
+        if not public.is_file():
+            home.mkdir(exist_ok=True)
+            os.chmod(home, 0o700)
+            gpg(home, "--passphrase", "", "--pinentry-mode", "loopback",
+                "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
+            tmp = public.with_suffix(".tmp")
+            tmp.write_bytes(gpg(home, "--export", KEY_UID))
+            tmp.rename(public)
+            created = True
     listing = gpg(home, "--with-colons", "--list-keys", KEY_UID).decode()
     fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
     return {"fingerprint": fingerprint, "public": str(public), "created": created}
@@ -81,18 +113,19 @@ def digest(data: bytes) -> str:
 class AptRoot:
     """apt's view of one kind of node (release, architecture, sources, keys), under a directory."""
 
-    def __init__(self, base: Path, state: dict):
+    def __init__(self, base: Path, state: dict, archives: Path):
         self.state = state
         sources = json.dumps([state["sources"], state["preferences"]], sort_keys=True).encode()
         self.dir = base / f"{state['os']}-{state['release']}-{state['arch']}-{digest(sources)}"
-        self.archives = self.dir / "archives"
+        self.archives = archives
 
     def setup(self) -> None:
         d = self.dir
         # etc/apt.conf.d: apt reads Dir::Etc::parts and warns where it is missing.
         for sub in ("etc/sources.list.d", "etc/preferences.d", "etc/trusted.gpg.d", "etc/apt.conf.d", "keys",
-                    "state/lists/partial", "cache", "archives/partial", "log", "status"):
+                    "state/lists/partial", "cache", "no-archives/partial", "log", "status"):
             (d / sub).mkdir(parents=True, exist_ok=True)
+        (self.archives / "partial").mkdir(parents=True, exist_ok=True)
         lines = []
         for i, source in enumerate(self.state["sources"]):
             keys = []
@@ -168,17 +201,29 @@ class AptRoot:
             out.append(f"{name}={match[0]}")  # madison lists the newest first
         return out
 
-    def download(self, host: str, packages: list[str], recommends: bool) -> None:
+    def download(self, host: str, packages: list[str], recommends: bool) -> dict[str, str]:
+        """Download what the node lacks into the shared archives (the caller holds their lock).
+
+        Returns {file name in the archives: its size} for each .deb the node needs. apt checks
+        each of them against the node's signed index (SHA256) in this download, so the caller
+        takes them from the archives under the same lock.
+        """
         status = self.dir / "status" / host
         status.write_bytes(gzip.decompress(base64.b64decode(self.state["status_gz_b64"])))
         exact = self.resolve_versions(packages, status)
         flags = ["--download-only", "--yes", "--allow-downgrades"]
         flags.append("--install-recommends" if recommends else "--no-install-recommends")
-        done = self.apt("install", *flags, *exact, status=status)
+        # Against an empty archive directory apt lists every .deb the node needs, those
+        # an earlier run (of any cluster) already downloaded into the shared one included.
+        listed = self.apt("install", "--print-uris", "-o", f"Dir::Cache::archives={self.dir / 'no-archives'}/",
+                          *flags, *exact, status=status)
+        done = self.apt("install", *flags, *exact, status=status) if listed.returncode == 0 else listed
         if done.returncode != 0:
             raise FetchError(f"{host}: apt cannot install {' '.join(exact)} from the node's sources: "
                              + " | ".join(done.stderr.strip().splitlines()[-4:]).rstrip(".")
                              + ". Nothing was changed on the nodes.")
+        matches = (PRINTED_URI.fullmatch(line) for line in listed.stdout.splitlines())
+        return {m["name"]: int(m["size"]) for m in matches if m}
 
 
 def control_fields(deb: Path) -> str:
@@ -205,44 +250,105 @@ def write_repo(repo: Path, key_dir: Path, os_release_arch: str) -> None:
     gpg(key_dir / "gnupg", "--local-user", KEY_UID, "--clearsign", "-o", str(repo / "InRelease"), str(repo / "Release"))
 
 
+def indexed(repo: Path) -> set[str]:
+    """The .deb files the repository's Packages index lists."""
+    packages = repo / "Packages"
+    text = packages.read_text() if packages.is_file() else ""
+    return {line.split("/", 1)[1] for line in text.splitlines() if line.startswith("Filename: pool/")}
+
+
+def pooled(repo: Path) -> set[str]:
+    return {deb.name for deb in (repo / "pool").glob("*.deb")}
+
+
 def signed_by(inrelease: Path, public: str) -> bool:
     """Whether the InRelease verifies with this public keyring (and no other key is needed)."""
     done = subprocess.run(["gpgv", "--keyring", public, str(inrelease)], capture_output=True, check=False)
     return done.returncode == 0
 
 
-def fetch(states: dict, packages: list[str], cache: Path, key_dir: Path, recommends: bool) -> dict:
+# What a node reports of itself names directories and goes into an apt.conf on the
+# controller: only plain names pass (os-release's ID and VERSION_CODENAME, dpkg's arch).
+NODE_NAME = re.compile(r"[a-z0-9][a-z0-9.+_-]{0,63}")
+
+
+def check_state(host: str, state: dict) -> None:
+    for field in ("os", "release", "arch"):
+        value = state.get(field)
+        if not isinstance(value, str) or not NODE_NAME.fullmatch(value):
+            raise FetchError(f"{host} reported {field} {value!r}; expected a plain name such as debian, bookworm "
+                             "or amd64 (lower-case letters, digits, '.', '+', '_', '-'). Nothing was fetched or "
+                             "changed on the nodes.")
+
+
+def fetch(states: dict, packages: list[str], cache: Path, key_dir: Path, recommends: bool, cluster: str) -> dict:
+    if not CLUSTER_NAME.fullmatch(cluster):
+        raise FetchError(f"the cluster's name {cluster!r} must be 1 to 64 letters, digits, '.', '_' or '-', "
+                         "starting with a letter or digit (torchrig_cluster_name). Nothing was fetched.")
+    for host, state in states.items():
+        check_state(host, state)
     # Absolute: apt reads the paths of its root relative to Dir, not to the working directory.
     cache, key_dir = cache.absolute(), key_dir.absolute()
+    home = cache / "clusters" / cluster
     key = ensure_key(key_dir)
-    roots: dict[Path, AptRoot] = {}
-    for host, state in sorted(states.items()):
-        root = AptRoot(cache / "roots", state)
-        if root.dir not in roots:
-            root.setup()
-            root.update()
-            roots[root.dir] = root
-        roots[root.dir].state = state
-        roots[root.dir].download(host, packages, recommends and state["recommends"])
-    added, size, repos, inrelease, resigned = [], 0, {}, {}, False
-    for root in roots.values():
-        name = f"{root.state['os']}-{root.state['release']}-{root.state['arch']}"
-        repo = cache / "repo" / name
-        (repo / "pool").mkdir(parents=True, exist_ok=True)
-        new = [deb for deb in sorted(root.archives.glob("*.deb")) if not (repo / "pool" / deb.name).exists()]
-        for deb in new:
-            shutil.copy2(deb, repo / "pool" / deb.name)
-            added.append(f"{name}/{deb.name}")
-            size += deb.stat().st_size
-        # A new key (the key directory was lost) re-signs the index: the nodes get its public half.
-        stale = (repo / "InRelease").exists() and not signed_by(repo / "InRelease", key["public"])
-        if new or stale or not (repo / "InRelease").exists():
-            write_repo(repo, key_dir, name)
-        resigned = resigned or stale
-        repos[name] = str(repo)
-        inrelease[name] = hashlib.sha256((repo / "InRelease").read_bytes()).hexdigest()
+    with locked(home / ".lock"):
+        roots: dict[Path, AptRoot] = {}
+        new_debs: dict[str, dict[str, int]] = {}
+        for host, state in sorted(states.items()):
+            root = AptRoot(home / "roots", state, cache / "archives")
+            if root.dir not in roots:
+                root.setup()
+                root.update()
+                roots[root.dir] = root
+            roots[root.dir].state = state
+            name = f"{state['os']}-{state['release']}-{state['arch']}"
+            with locked(cache / "archives.lock"):
+                wanted = roots[root.dir].download(host, packages, recommends and state["recommends"])
+                new_debs.setdefault(name, {}).update(
+                    link_into_pool(cache / "archives", home / "repo" / name / "pool", wanted))
+        added, size, repos, inrelease, resigned = [], 0, {}, {}, False
+        for name in sorted({f"{s['os']}-{s['release']}-{s['arch']}" for s in states.values()}):
+            repo = home / "repo" / name
+            (repo / "pool").mkdir(parents=True, exist_ok=True)
+            new = new_debs.get(name, {})
+            added += [f"{name}/{deb}" for deb in sorted(new)]
+            size += sum(new.values())
+            # A new key (the key directory was lost) re-signs the index: the nodes get its public half.
+            stale = (repo / "InRelease").exists() and not signed_by(repo / "InRelease", key["public"])
+            # An index that misses a pool file: a run stopped between the two.
+            if new or stale or not (repo / "InRelease").exists() or indexed(repo) != pooled(repo):
+                write_repo(repo, key_dir, name)
+            resigned = resigned or stale
+            repos[name] = str(repo)
+            inrelease[name] = hashlib.sha256((repo / "InRelease").read_bytes()).hexdigest()
     return {"changed": bool(added) or resigned or key["created"], "added": added, "bytes": size, "repos": repos,
             "inrelease": inrelease, "key": key}
+
+
+def link_into_pool(archives: Path, pool: Path, wanted: dict[str, int]) -> dict[str, int]:
+    """Put the wanted .debs the pool lacks into it; returns {file name: size} of those added.
+
+    A hard link where it can (the pool then costs no space; apt replaces an archive file by
+    renaming a new one over it, so a linked pool file never changes), else a copy.
+    """
+    pool.mkdir(parents=True, exist_ok=True)
+    added = {}
+    for name, size in sorted(wanted.items()):
+        src, dest = archives / name, pool / name
+        if dest.exists():
+            continue
+        if not src.is_file() or src.stat().st_size != size:
+            raise FetchError(f"apt downloaded {name}, but the file in {archives} is not the one the node's "
+                             "signed index names. Nothing was changed on the nodes; run again.")
+        tmp = pool / f".{name}.tmp"
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copy2(src, tmp)
+        tmp.rename(dest)
+        added[name] = dest.stat().st_size
+    return added
 
 
 def main() -> None:
@@ -254,6 +360,7 @@ def main() -> None:
     get.add_argument("--states", type=Path, required=True)
     get.add_argument("--cache", type=Path, required=True)
     get.add_argument("--key-dir", type=Path, required=True)
+    get.add_argument("--cluster", required=True, help="the cluster's name: its own apt roots and repository")
     get.add_argument("--no-recommends", action="store_true")
     get.add_argument("packages", nargs="+")
     args = parser.parse_args()
@@ -263,7 +370,8 @@ def main() -> None:
             print(json.dumps(ensure_key(key_dir)))
         else:
             states = json.loads(args.states.read_text())
-            print(json.dumps(fetch(states, args.packages, args.cache, key_dir, not args.no_recommends)))
+            print(json.dumps(fetch(states, args.packages, args.cache, key_dir, not args.no_recommends,
+                                   args.cluster)))
     except FetchError as e:
         sys.exit(str(e))
     finally:
