@@ -97,7 +97,7 @@ lint: setup ## yamllint, ansible-lint (production profile), ruff
 	$(STAGE) ruff ruff check training bench tests roles
 
 pytest: setup ## Python tests: the training package and the playbooks' logic
-	$(STAGE) pytest pytest -q training/tests tests
+	$(STAGE) pytest pytest -q --durations=15 training/tests tests
 
 # The cluster scenario runs alone (its faults are timed); the role scenarios
 # then run MOLECULE_JOBS at a time (molecule/shared/run-scenarios.sh).
