@@ -18,12 +18,12 @@ START, END = "<!-- matrix:start -->", "<!-- matrix:end -->"
 
 HEADER = (
     "| torch | torchvision | variant | CUDA | toolkit package | cuDNN package | min driver (branch) "
-    "| compute capabilities | OS |"
+    "| compute capabilities | OS | Python |"
 )
 
 
-def render(rows):
-    lines = [HEADER, "|" + "---|" * 9]
+def render(rows, torch_python=None):
+    lines = [HEADER, "|" + "---|" * 10]
     for r in rows:
         gpu = r["variant"] != "cpu"
         lines.append(
@@ -39,6 +39,7 @@ def render(rows):
                     f"{r['min_driver']} ({r['driver_branch']})" if gpu else "-",
                     ", ".join(r["compute_capabilities"]) or "-",
                     ", ".join(r["os"]),
+                    _python_range((torch_python or {}).get(".".join(r["torch"].split(".")[:2]))),
                 ]
             )
             + " |"
@@ -46,8 +47,13 @@ def render(rows):
     return "\n".join(lines) + "\n"
 
 
+def _python_range(versions):
+    return f"{versions[0]}-{versions[-1]}" if versions else "-"
+
+
 def table():
-    return render(yaml.safe_load(MATRIX.read_text())["rows"])
+    data = yaml.safe_load(MATRIX.read_text())
+    return render(data["rows"], data.get("torch_python"))
 
 
 def block(text):

@@ -67,7 +67,7 @@ def test_no_nvswitch_no_fabric_manager(fixture):
 
 
 def test_fabric_packages_named_with_the_branch_before_r580():
-    p = plan(["9.0"], fixture_text("hgx-h100-8x.lspci"), policy="stack", row=("2.14.1", "cu128"))
+    p = plan(["9.0"], fixture_text("hgx-h100-8x.lspci"), policy="stack", row=("2.11.0", "cu128"))
     assert p["branch"] == "570"
     assert p["fabric_packages"] == ["nvidia-fabricmanager-570", "libnvidia-nscq-570"]
 

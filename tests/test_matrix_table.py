@@ -12,8 +12,11 @@ def test_readme_table_matches_matrix():
 
 
 def test_table_has_a_line_per_row():
-    rows = yaml.safe_load(MATRIX.read_text())["rows"]
-    lines = render(rows).splitlines()
+    data = yaml.safe_load(MATRIX.read_text())
+    rows = data["rows"]
+    lines = render(rows, data["torch_python"]).splitlines()
     assert len(lines) == len(rows) + 2
-    assert "| 2.14.1 | 0.29.1 | cu130 | 13.0 | cuda-toolkit-13-0 13.0.2-1 |" in lines[2]
-    assert lines[-1].endswith("| debian12, ubuntu2204, ubuntu2404 |")
+    assert "| 2.14.1 | 0.29.1 | cu132 | 13.2 | cuda-toolkit-13-2 13.2.1-1 |" in lines[2]
+    assert "| 2.14.1 | 0.29.1 | cu130 | 13.0 | cuda-toolkit-13-0 13.0.2-1 |" in lines[3]
+    assert lines[2].endswith("| debian12, ubuntu2204, ubuntu2404 | 3.10-3.15 |")
+    assert lines[-1].endswith("| debian12, ubuntu2204, ubuntu2404 | 3.9-3.13 |")

@@ -107,7 +107,7 @@ def test_malformed_matrix(stack, text, needle):
 
 def test_matrix_duplicate_and_branch(stack, matrix_text):
     dup = matrix_text + matrix_text.split("rows:\n", 1)[1].split("  - torch", 2)[1].join(["  - torch", ""])
-    assert any("repeats torch 2.14.1 cu130" in e for e in stack.load_matrix(dup)["errors"])
+    assert any("repeats torch 2.14.1 cu132" in e for e in stack.load_matrix(dup)["errors"])
     wrong = matrix_text.replace('min_driver: "580.65.06"', 'min_driver: "575.51.03"', 1)
     assert any("not on driver_branch 580" in e for e in stack.load_matrix(wrong)["errors"])
 
@@ -143,10 +143,11 @@ def test_cc_supported(stack, cc, built, ok):
 @pytest.mark.parametrize(
     "smi,variant",
     [
-        ("h100-8x.nvidia-smi", "cu130"),
-        ("a100-4x.nvidia-smi", "cu130"),
-        ("t4.nvidia-smi", "cu130"),
-        ("rtx4090.nvidia-smi", "cu130"),
+        # The newest CUDA a managed driver can reach: cu132 (R595).
+        ("h100-8x.nvidia-smi", "cu132"),
+        ("a100-4x.nvidia-smi", "cu132"),
+        ("t4.nvidia-smi", "cu132"),
+        ("rtx4090.nvidia-smi", "cu132"),
         ("v100.nvidia-smi", "cu126"),  # Volta: cu128 dropped it in 2.11, cu130 never had it
         ("p100.nvidia-smi", "cu126"),
     ],
@@ -195,14 +196,19 @@ def test_the_real_h200_gets_the_row_it_ran(stack, gpu, rows):
 
 
 def test_driver_frozen_picks_what_the_installed_driver_runs(stack, gpu, rows):
-    # Driver 570 installed and not to be touched: cu130 (580) is out, cu128 (570.26) fits.
+    # Driver 570 installed and not to be touched: cu132 (595) and cu130 (580) are out;
+    # 2.14 has no cu128 build (PyTorch dropped it after 2.11), so cu126 (560.28) it is.
+    # Before, the matrix listed a 2.14.1 cu128 row, and pip found no such wheel.
     h = host(gpu, smi="a100-4x.nvidia-smi", manage_driver=False)
-    assert pick(stack, rows, [h])["row"]["variant"] == "cu128"
+    chosen = pick(stack, rows, [h])["row"]
+    assert (chosen["torch"], chosen["variant"]) == ("2.14.1", "cu126")
 
 
 def test_branch_cap(stack, gpu, rows):
     h = host(gpu, smi="h100-8x.nvidia-smi", driver_branch_max="570")
-    assert pick(stack, rows, [h])["row"]["variant"] == "cu128"
+    assert pick(stack, rows, [h])["row"]["variant"] == "cu126"
+    h = host(gpu, smi="h100-8x.nvidia-smi", driver_branch_max="580")
+    assert pick(stack, rows, [h])["row"]["variant"] == "cu130"
 
 
 # ------------------------------------------------------------ failures
@@ -276,7 +282,7 @@ def test_not_enough_disk(stack, gpu, rows):
 def test_unknown_torch_and_variant(stack, gpu, rows):
     msg = only_problem(pick(stack, rows, [host(gpu, group="cpu")], torch="9.9.9", variant="cu999"))
     assert "node1: no row of the compatibility matrix matches torchrig_torch=9.9.9 torchrig_variant=cu999" in msg
-    assert "2.14.1: cu130, cu128, cu126, cpu" in msg
+    assert "2.14.1: cu132, cu130, cu126, cpu" in msg
 
 
 def test_unknown_cc_on_gpu_host(stack, gpu, rows):
@@ -289,10 +295,68 @@ def test_no_common_row_names_every_host(stack, gpu, rows):
     # One host's frozen driver 535 allows only CUDA 11.8; the other's Secure Boot
     # rules out any driver change. No row fits both.
     hosts = [
-        host(gpu, "n1", smi="h100-old-driver.nvidia-smi", manage_driver=False),
-        host(gpu, "n2", smi="a100-4x.nvidia-smi", secure_boot=True),
+        # Ubuntu 22.04: NVIDIA's debian12 repository has no CUDA 11.8.
+        host(gpu, "n1", smi="h100-old-driver.nvidia-smi", manage_driver=False, os="ubuntu2204", os_name="Ubuntu 22.04"),
+        host(gpu, "n2", smi="a100-4x.nvidia-smi", secure_boot=True, os="ubuntu2204", os_name="Ubuntu 22.04"),
     ]
     chosen = pick(stack, rows, hosts)
     assert chosen["row"] is None
     assert set(chosen["problems"]) == {"n1", "n2"}
     assert "n1 would accept torch 2.7.1 cu118, torch 2.6.0 cu118" in " ".join(chosen["problems"]["n1"])
+
+
+# ------------------------------------------------------------ the node's Python
+# torch publishes wheels for some CPython versions only (torch_python in the
+# matrix); a node whose /usr/bin/python3 is not one of them gets no torch from pip.
+
+PY_MATRIX = """
+torch_python:
+  "2.15": ["3.11", "3.12", "3.13", "3.14", "3.15"]
+  "2.14": ["3.10", "3.11", "3.12", "3.13", "3.14", "3.15"]
+rows:
+  - {torch: "2.15.0", torchvision: "0.30.0", variant: cpu, compute_capabilities: [], os: [ubuntu2204, ubuntu2404]}
+  - {torch: "2.14.1", torchvision: "0.29.1", variant: cpu, compute_capabilities: [], os: [ubuntu2204, ubuntu2404]}
+"""
+
+
+def test_rows_carry_their_releases_python_versions(stack, rows):
+    for r in rows:
+        assert r["python"], r
+    r = next(r for r in rows if (r["torch"], r["variant"]) == ("2.14.1", "cu130"))
+    assert r["python"][0] == "3.10"
+
+
+def test_python_without_wheels_is_refused_naming_host_python_and_what_is_needed(stack, gpu):
+    rows = stack.load_matrix(PY_MATRIX)["rows"]
+    jammy = host(gpu, group="cpu", os="ubuntu2204", os_name="Ubuntu 22.04.5 LTS", python="3.10",
+                 python_path="/usr/bin/python3")
+    msg = only_problem(pick(stack, rows, [jammy], torch="2.15.0"))
+    assert msg.startswith("node1: its /usr/bin/python3 is Python 3.10 (Ubuntu 22.04.5 LTS); torch 2.15.0 cpu has "
+                          "wheels for Python 3.11, 3.12, 3.13, 3.14, 3.15 only")
+    assert "Needs: a host whose /usr/bin/python3 is one of those" in msg
+    # Not pinned: the newest torch that has wheels for its Python.
+    assert pick(stack, rows, [jammy])["row"]["torch"] == "2.14.1"
+    noble = dict(jammy, os="ubuntu2404", python="3.12")
+    assert pick(stack, rows, [noble])["row"]["torch"] == "2.15.0"
+
+
+def test_unknown_python_is_not_judged(stack, gpu):
+    # A host whose python3 did not answer: the venv step reports it instead.
+    rows = stack.load_matrix(PY_MATRIX)["rows"]
+    h = host(gpu, group="cpu", os="ubuntu2204", python=None)
+    assert pick(stack, rows, [h], torch="2.15.0")["problems"] == {}
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        (PY_MATRIX.split("rows:")[0].replace('  "2.15"', '  "2.13"') + "rows:" + PY_MATRIX.split("rows:")[1],
+         'torch_python has no entry for torch 2.15 (expected a key "2.15"'),
+        ("rows:" + PY_MATRIX.split("rows:")[1], "m.yml lacks torch_python: expected a mapping of torch releases"),
+        (PY_MATRIX.replace('["3.11", "3.12"', '[3.11, "3.12"'), "torch_python '2.15' must list quoted Python versions"),
+    ],
+)
+def test_malformed_torch_python(stack, text, needle):
+    loaded = stack.load_matrix(text, "m.yml")
+    assert loaded["rows"] == []
+    assert any(needle in e for e in loaded["errors"]), loaded["errors"]

@@ -88,6 +88,9 @@ def load_matrix(text, source="compat_matrix.yml"):
         return {"rows": [], "errors": [f"{source} must be a mapping with a non-empty list under the key rows"]}
     errors = []
     seen = set()
+    pythons, python_errors = _torch_python(data.get("torch_python"), source)
+    errors += python_errors
+    rows = []
     for i, row in enumerate(data["rows"]):
         errors += [f"{source}: {e}" for e in _row_errors(i, row)]
         if isinstance(row, dict):
@@ -95,7 +98,39 @@ def load_matrix(text, source="compat_matrix.yml"):
             if key in seen:
                 errors.append(f"{source}: row {i + 1} repeats {label(row)}")
             seen.add(key)
-    return {"rows": data["rows"] if not errors else [], "errors": errors}
+            release = torch_release(row.get("torch"))
+            if pythons is not None and release not in pythons:
+                errors.append(
+                    f"{source}: row {i + 1} ({label(row)}): torch_python has no entry for torch {release} "
+                    f'(expected a key "{release}" listing the Python versions PyTorch publishes wheels for)'
+                )
+            # Each row carries its release's Python versions: row_problems judges a host by the row alone.
+            rows.append({**row, "python": (pythons or {}).get(release, [])})
+    return {"rows": rows if not errors else [], "errors": errors}
+
+
+def torch_release(version):
+    """'2.14.1' -> '2.14': PyTorch states Python support per minor release."""
+    return ".".join(str(version).split(".")[:2])
+
+
+def _torch_python(data, source):
+    """The torch_python mapping (release -> ["3.10", ...]), checked; None when missing."""
+    expected = 'a mapping of torch releases to Python versions, like torch_python: {"2.14": ["3.10", "3.11"]}'
+    if not isinstance(data, dict) or not data:
+        return None, [f"{source} lacks torch_python: expected {expected}"]
+    errors = []
+    for release, versions in data.items():
+        if not isinstance(release, str) or not re.match(r"^\d+\.\d+$", release):
+            errors.append(f"{source}: torch_python key {release!r} must be a quoted release like \"2.14\"")
+        if not isinstance(versions, list) or not versions or not all(
+            isinstance(v, str) and re.match(r"^3\.\d+$", v) for v in versions
+        ):
+            errors.append(
+                f'{source}: torch_python {release!r} must list quoted Python versions like ["3.10", "3.11"], '
+                f"got {versions!r}"
+            )
+    return data, errors
 
 
 # ---------------------------------------------------------------- the hosts
@@ -168,6 +203,16 @@ def row_problems(row, host):
         problems.append(
             "{} runs {} ({}); {} supports {}. Needs: one of those releases.".format(
                 name, host.get("os_name"), host.get("os"), label(row), ", ".join(row["os"])
+            )
+        )
+    python = host.get("python")
+    if python and row.get("python") and python not in row["python"]:
+        problems.append(
+            "{}: its {} is Python {} ({}); {} has wheels for Python {} only, so pip would find no torch to install. "
+            "Needs: a host whose {} is one of those (another OS release), or a torch release built for "
+            "Python {}.".format(
+                name, host.get("python_path") or "python3", python, host.get("os_name"), label(row),
+                ", ".join(row["python"]), host.get("python_path") or "python3", python,
             )
         )
     if profile(host) != "gpu" or row["variant"] == "cpu":

@@ -30,6 +30,11 @@ options:
     description: Where the kernel lists RDMA devices (InfiniBand and RoCE alike).
     type: path
     default: /sys/class/infiniband
+  python:
+    description: The Python the pytorch role makes the venv with (its tasks use /usr/bin/python3); its
+      major.minor decides which torch wheels pip can install.
+    type: path
+    default: /usr/bin/python3
 author: torchrig
 """
 
@@ -47,6 +52,10 @@ architecture:
   returned: always
 reboot:
   description: pending, blocks_cuda (a reboot is needed before CUDA can start) and reasons.
+  type: dict
+  returned: always
+python:
+  description: path and version (major.minor, null where it is missing or does not run) of the venv's Python.
   type: dict
   returned: always
 rdma:
@@ -83,6 +92,7 @@ def main():
             "reboot_required_file": {"type": "path", "default": "/var/run/reboot-required"},
             "pci_root": {"type": "path", "default": "/sys/bus/pci/devices"},
             "infiniband_root": {"type": "path", "default": "/sys/class/infiniband"},
+            "python": {"type": "path", "default": "/usr/bin/python3"},
         },
         supports_check_mode=True,
     )
@@ -102,8 +112,14 @@ def main():
     flagged = os.path.exists(p["reboot_required_file"])
     pkgs = parse_reboot_required_pkgs(read(p["reboot_required_file"] + ".pkgs")) if flagged else []
 
+    python_version = None
+    if os.access(p["python"], os.X_OK):
+        rc, out, _err = module.run_command([p["python"], "-c", "import sys; print('%d.%d' % sys.version_info[:2])"])
+        python_version = out.strip() if rc == 0 and out.strip() else None
+
     module.exit_json(
         changed=False,
+        python={"path": p["python"], "version": python_version},
         architecture=os.uname().machine,
         reboot=reboot_state(p["gpu_notes"], flagged, pkgs),
         rdma={"present": bool(adapters or ib_devices), "adapters": adapters, "infiniband_devices": ib_devices},
