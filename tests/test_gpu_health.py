@@ -125,3 +125,41 @@ def test_dcgmi_diag_without_host_engine():
     assert dcgm["tests"] == []
     (msg,) = problems(dcgm_error="rc 255: Error: unable to establish a connection to the specified host: localhost")
     assert "nvidia-dcgm" in msg
+
+
+def test_dcgm4_warning_rows_belong_to_their_test():
+    # DCGM 4 prints "| Warning: GPU1 | ... |"; before, each such row became a test
+    # of its own, "passed", and its text was lost.
+    dcgm = health.parse_dcgmi_diag(fixture_text("dcgmi-diag-r1-dcgm4-warn.txt"))
+    assert [t["test"] for t in dcgm["tests"]] == ["software"]
+    (software,) = dcgm["warned"]
+    assert software["status"] == "warn" and dcgm["failed"] == []
+    notes = [d for d in software["details"] if d.startswith("Warning: GPU1: ")]
+    assert len(notes) == 2
+    assert notes[0].startswith("Warning: GPU1: Persistence mode for GPU 1 is disabled.")
+    (msg,) = problems(dcgm=dcgm)
+    assert msg.startswith("gpu1: dcgmi diag test 'software' warned: GPU0: Pass GPU1: Warn Warning: GPU1: Persistence")
+    assert "pending row remap" in msg and "Needs: what the warning asks for" in msg
+
+
+def test_r580_ecc_fields_of_the_real_h200_are_read():
+    (gpu,) = health.parse_nvidia_smi_q(fixture_text("h200.nvidia-smi-q"))["gpus"]
+    assert (gpu["ecc_unrepairable_memory"], gpu["ecc_channel_repair_pending"], gpu["ecc_tpc_repair_pending"],
+            gpu["ecc_sram_threshold_exceeded"]) == (False, False, False, False)
+
+
+def test_r580_ecc_faults_are_flagged():
+    # The real H200 capture with R580's four new ECC fields set to Yes; before,
+    # health found nothing wrong with it.
+    smi = health.parse_nvidia_smi_q(fixture_text("h200-r580-ecc-faults.nvidia-smi-q"))
+    found = problems(smi=smi, expected=1)
+    assert len(found) == 3, found
+    assert "reports Unrepairable Memory" in found[0] and "Needs: the GPU replaced." in found[0]
+    assert "has a Channel and a TPC repair pending. Needs: a GPU reset or reboot" in found[1]
+    assert "SRAM Threshold Exceeded: Yes" in found[2]
+    assert all(m.startswith("gpu1: GPU 0 (NVIDIA H200") for m in found)
+
+
+def test_older_drivers_have_no_r580_ecc_fields():
+    (gpu,) = health.parse_nvidia_smi_q(fixture_text("v100-r470.nvidia-smi-q"))["gpus"][:1]
+    assert gpu["ecc_unrepairable_memory"] is None and gpu["ecc_sram_threshold_exceeded"] is None

@@ -202,9 +202,10 @@ def test_every_rows_driver_is_in_the_catalogue(rows, branches):
 
 def test_branch_kinds_follow_nvidias_lifecycle(branches):
     kinds = {b["branch"]: b["kind"] for b in branches}
-    assert kinds["580"] == "long_term" and kinds["535"] == "long_term"
-    assert kinds["570"] == "production" and kinds["550"] == "production"
-    assert kinds["560"] == "new_feature" and kinds["520"] == "new_feature"
+    # NVIDIA's support table (drivers/620/supported-drivers-and-cuda-toolkit-versions.html).
+    assert kinds["620"] == "long_term" and kinds["580"] == "long_term"
+    assert kinds.get("595", "production") == "production"
+    assert {kinds[b] for b in ("570", "560", "550", "535", "520")} == {"ended"}
 
 
 def test_blackwell_needs_r570_or_newer(branches):

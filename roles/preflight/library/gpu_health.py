@@ -50,7 +50,9 @@ RETURN = r"""
 nvidia_smi:
   description: driver_version, attached_gpus and gpus (index, pci_bus_id, name, persistence_mode, ecc_mode,
     ecc_uncorrectable_volatile, ecc_uncorrectable_aggregate, rows_remap_pending, rows_remap_failed,
-    pages_retirement_pending, fabric_state, fabric_status); null when nvidia-smi failed.
+    pages_retirement_pending, ecc_unrepairable_memory, ecc_channel_repair_pending, ecc_tpc_repair_pending,
+    ecc_sram_threshold_exceeded (R580 and newer; null before), fabric_state, fabric_status); null when nvidia-smi
+    failed.
   type: dict
   returned: always
 xids:

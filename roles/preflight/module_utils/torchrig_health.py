@@ -19,6 +19,8 @@ FABRIC_OK_STATES = ("Completed", "N/A", "Not Supported")
 FABRIC_OK_STATUSES = ("Success", "N/A", "Not Supported")
 
 _KV = re.compile(r"^(?P<key>\S.*?)\s+:(?:\s(?P<value>.*))?$")
+# A note row of dcgmi diag's table: "Warning" (DCGM 3) or "Warning: GPU1" (DCGM 4).
+_DCGM_NOTE = re.compile(r"^(Warning|Info|Error)(:\s*GPU\s*\d+)?$")
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<xid>\d+),\s*(?P<detail>.*)$")
 
 
@@ -87,6 +89,12 @@ def _uncorrectable(section: object) -> int | None:
     return total
 
 
+def _yes(section: dict, key: str) -> bool | None:
+    """A Yes/No field: True, False, or None where this driver does not print it."""
+    value = section.get(key)
+    return None if not isinstance(value, str) or value not in ("Yes", "No") else value == "Yes"
+
+
 def parse_nvidia_smi_q(text: str) -> dict:
     """What health.yml checks, per GPU, from `nvidia-smi -q`."""
     tree = parse_smi_tree(text)
@@ -114,6 +122,15 @@ def parse_nvidia_smi_q(text: str) -> dict:
                 "rows_remap_failed": remap.get("Remapping Failure Occurred") == "Yes",
                 "pages_retirement_pending": "Yes"
                 in (retired.get("Pending Page Blacklist"), retired.get("Pending Page Retirement")),
+                # R580 prints these under ECC Errors (None before): memory the GPU cannot
+                # repair any more, a channel or TPC repair waiting for a reset, and SRAM
+                # uncorrectable errors over NVIDIA's threshold (under Aggregate).
+                "ecc_unrepairable_memory": _yes(ecc, "Unrepairable Memory"),
+                "ecc_channel_repair_pending": _yes(ecc, "Channel Repair Pending"),
+                "ecc_tpc_repair_pending": _yes(ecc, "TPC Repair Pending"),
+                "ecc_sram_threshold_exceeded": _yes(
+                    ecc.get("Aggregate") if isinstance(ecc.get("Aggregate"), dict) else {}, "SRAM Threshold Exceeded"
+                ),
                 # Absent before R470 (no fabric reporting): None.
                 "fabric_state": fabric.get("State"),
                 "fabric_status": fabric.get("Status"),
@@ -150,7 +167,10 @@ def parse_dcgmi_diag(text: str) -> dict:
 
     Rows are "| Test | Result |"; a row with an empty first cell continues the one
     before (per-GPU results, wrapped warnings); "|-----  Section  ---" rows name the
-    category. Results are Pass, Fail, Warn, Skip.
+    category. Results are Pass, Fail, Warn, Skip. A row named Warning, Info or Error
+    belongs to the test above it: DCGM 3 prints "| Warning | GPU 0 ... |", DCGM 4
+    "| Warning: GPU1 | ... |" (one per GPU); either way its text is the test's detail,
+    and a warning makes a passing test "warn".
     """
     tests: list[dict] = []
     section = ""
@@ -171,7 +191,7 @@ def parse_dcgmi_diag(text: str) -> dict:
             continue
         if section == "Metadata":
             continue
-        if name and name not in ("Warning", "Info", "Error"):
+        if name and not _DCGM_NOTE.match(name):
             tests.append({"category": section, "test": name, "result": result, "details": []})
         elif tests:
             tests[-1]["details"].append(result if not name else f"{name}: {result}")
@@ -216,6 +236,18 @@ def health_problems(host: str, expected_gpus: int, smi: dict | None, smi_error: 
             if gpu["rows_remap_pending"] or gpu["pages_retirement_pending"]:
                 problems.append(f"{host}: {label} has a row remap or page retirement pending. Needs: a GPU reset "
                                 "or reboot to apply it.")
+            if gpu.get("ecc_unrepairable_memory"):
+                problems.append(f"{host}: {label} reports Unrepairable Memory: errors in its memory that neither "
+                                "row remapping nor a repair can fix. Needs: the GPU replaced.")
+            repairs = [k for k, f in (("Channel", "ecc_channel_repair_pending"), ("TPC", "ecc_tpc_repair_pending"))
+                       if gpu.get(f)]
+            if repairs:
+                problems.append(f"{host}: {label} has a {' and a '.join(repairs)} repair pending. Needs: a GPU reset "
+                                "or reboot to apply it, then `nvidia-smi -q -d ECC` again.")
+            if gpu.get("ecc_sram_threshold_exceeded"):
+                problems.append(f"{host}: {label} has SRAM uncorrectable errors over NVIDIA's threshold (SRAM "
+                                "Threshold Exceeded: Yes). Needs: NVIDIA's field diagnostic, most likely the GPU "
+                                "replaced.")
             if gpu["rows_remap_failed"]:
                 problems.append(f"{host}: {label} reports a row remapping failure: its memory has no spare rows "
                                 "left. Needs: the GPU replaced.")
@@ -245,4 +277,9 @@ def health_problems(host: str, expected_gpus: int, smi: dict | None, smi_error: 
         for t in dcgm["failed"]:
             detail = " ".join(t["details"])[:300]
             problems.append(f"{host}: dcgmi diag test {t['test']!r} failed{': ' + detail if detail else ''}.")
+        # A warning names something to fix on one GPU (persistence off, a pending row remap).
+        for t in dcgm["warned"]:
+            notes = " ".join(t["details"])[:300]
+            problems.append(f"{host}: dcgmi diag test {t['test']!r} warned{': ' + notes if notes else ''}. Needs: "
+                            "what the warning asks for, then dcgmi diag again.")
     return problems
