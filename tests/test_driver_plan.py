@@ -3,7 +3,7 @@ and its fabric-state parser, on recorded lspci and nvidia-smi -q output."""
 
 import pytest
 import yaml
-from rolepy import MATRIX_TEXT, fixture_text, load
+from rolepy import FIXTURES, MATRIX_TEXT, ROOT, fixture_text, load
 
 drv = load("roles/nvidia_driver/module_utils/torchrig_driver.py", "torchrig_driver")
 CATALOGUE = yaml.safe_load(MATRIX_TEXT)["driver_branches"]
@@ -30,6 +30,8 @@ def plan(ccs, lspci="", row=("2.14.1", "cu130"), distribution="Debian", **kw):
         packages_by_os=PACKAGES,
         lspci=lspci,
         stack={"branch": r["driver_branch"], "version": r["driver_version"]},
+        # The tests below were written for R580; the newer branches have their own.
+        branch_max="580",
     )
     args.update(kw)
     return drv.plan(**args)
@@ -43,7 +45,7 @@ def test_hgx_h100_gets_fabric_manager_at_the_driver_version():
     assert len(p["nvswitches"]) == 4
     assert p["nvswitches"][0] == {"pci_bus_id": "05:00.0", "pci_device_id": "10de:22a3"}
     assert p["fabricmanager"] and not p["nvlsm"]
-    assert p["branch"] == "580" and p["upstream"] == "580.95.05"
+    assert p["branch"] == "580" and p["pin"] == "580.*"
     assert p["fabric_packages"] == ["nvidia-fabricmanager", "libnvidia-nscq"]
     # Installed at the driver's version and held with it.
     assert p["versioned_packages"] == [
@@ -117,8 +119,10 @@ def test_default_policy_takes_the_newest_long_term_branch(row, ccs):
 
 
 def test_branch_max_keeps_the_policy_at_or_below_it():
-    p = plan(["7.0"], row=("2.14.1", "cu126"), branch_max="570")
-    assert p["branch"] == "570"  # production, not the new-feature 560
+    assert plan(["9.0"], branch_max="600")["branch"] == "595"  # production, not the long-term 620
+    # R570 has ended (NVIDIA's support table): no policy offers it any more.
+    with pytest.raises(drv.PlanError, match="no long-term or production branch .* within nvidia_driver_branch_max 570"):
+        plan(["7.0"], row=("2.14.1", "cu126"), branch_max="570")
 
 
 def test_a_branch_below_the_floor_is_refused():
@@ -135,8 +139,11 @@ def test_a_branch_that_cannot_run_the_gpus_is_refused():
 
 def test_the_cluster_decides_the_branch():
     # A Blackwell node elsewhere in the cluster: the branch must run it too.
-    p = plan(["7.0"], row=("2.14.1", "cu126"), cluster_ccs=["10.0"], branch_max="570")
-    assert p["branch"] == "570" and p["kernel_modules"] == "proprietary"
+    p = plan(["9.0"], cluster_ccs=["10.0"], branch_max="")
+    assert p["branch"] == "620"
+    # A Volta node elsewhere: only R580 still runs it.
+    p = plan(["9.0"], cluster_ccs=["7.0"], branch_max="")
+    assert p["branch"] == "580" and p["kernel_modules"] == "open"
 
 
 def test_stack_policy_is_the_old_behaviour():
@@ -181,17 +188,17 @@ def test_bad_input_names_what_is_wrong(bad, message):
 
 def test_a_newer_driver_that_meets_the_floor_is_kept():
     installed = {"cuda-drivers": "580.95.05-1", "nvidia-kernel-dkms": "580.95.05-1"}
-    p = plan(["7.0"], row=("2.14.1", "cu126"), branch_max="570", installed=installed)
-    assert p["policy_choice"]["branch"] == "570"
-    assert p["kept"] and p["branch"] == "580" and p["upstream"] == "580.95.05"
+    p = plan(["7.0"], row=("2.14.1", "cu126"), policy="stack", installed=installed)
+    assert p["policy_choice"]["branch"] == "560"
+    assert p["kept"] and p["branch"] == "580" and p["upstream"] == "580.95.05" and p["pin"] == "580.*"
     assert p["kernel_modules"] == "proprietary" and not p["change"]
     assert "not downgraded" in p["why"]
 
 
 def test_downgrade_when_asked():
     installed = {"cuda-drivers": "580.95.05-1", "nvidia-kernel-dkms": "580.95.05-1"}
-    p = plan(["7.0"], row=("2.14.1", "cu126"), branch_max="570", installed=installed, downgrade=True)
-    assert not p["kept"] and p["branch"] == "570" and p["change"]
+    p = plan(["7.0"], row=("2.14.1", "cu126"), policy="stack", installed=installed, downgrade=True)
+    assert not p["kept"] and p["branch"] == "560" and p["change"]
 
 
 def test_an_older_driver_is_upgraded():
@@ -284,3 +291,140 @@ def test_completed_with_an_error_status_is_not_ready():
 def test_output_without_gpus_is_an_error():
     with pytest.raises(drv.PlanError, match="printed no GPU section"):
         drv.parse_fabric("No devices were found\n")
+
+
+# ---------------------------------------------------------------- issue 30 (part B)
+# Each test below fails on a46a43a's role and passes now.
+
+B200_SYSFS = str(FIXTURES / "gpu" / "hgx-b200-8x.sysfs")
+UBUNTU = yaml.safe_load((ROOT / "roles/nvidia_driver/defaults/main.yml").read_text())["nvidia_driver_packages_by_os"]
+
+
+def test_blackwell_hgx_found_through_the_sw_mng_bridges():
+    # Item 1: no NVIDIA class-0680 function on a B200 board (NVLink 5); the
+    # switch trays are managed through ConnectX bridges with SW_MNG in the VPD.
+    lspci = fixture_text("hgx-b200-8x.lspci")
+    assert drv.parse_nvswitches(lspci) == []
+    devices = drv.read_pci_devices(B200_SYSFS)
+    assert [b["pci_bus_id"] for b in drv.nvlink5_bridges(devices)] == ["0000:cc:00.0", "0000:cd:00.0"]
+    p = plan(["10.0"], lspci, branch_max="", pci_devices=devices)
+    assert p["fabricmanager"] and p["nvlsm"]
+    assert p["fabric_packages"] == ["nvidia-fabricmanager", "libnvidia-nscq", "libnvsdm", "nvlsm", "infiniband-diags"]
+    assert p["fabric_kernel_modules"] == ["mlx5_core", "ib_umad"]
+    assert "infiniband-diags" in p["other_packages"] and "nvlsm" in p["hold"]
+
+
+def test_an_h100_board_with_ordinary_connectx_is_not_nvlink5():
+    assert drv.nvlink5_bridges([{"slot": "0000:1b:00.0", "vendor": "15b3", "device": "1021", "vpd": b"PN MCX75"}]) == []
+    p = plan(["9.0"], fixture_text("hgx-h100-8x.lspci"))
+    assert p["fabric_kernel_modules"] == [] and "infiniband-diags" not in p["fabric_packages"]
+
+
+def test_the_catalogue_follows_nvidias_lifecycle():
+    # Item 6: R595 production and R620 long-term offered; R535, R550, R570 not.
+    kinds = {b["branch"]: b["kind"] for b in CATALOGUE}
+    assert kinds["620"] == "long_term" and kinds["595"] == "production" and kinds["580"] == "long_term"
+    assert {kinds[b] for b in ("570", "560", "550", "535", "520")} == {"ended"}
+    assert plan(["9.0"], branch_max="")["branch"] == "620"
+    assert plan(["9.0"], branch_max="", policy="long_term")["branch"] == "620"
+
+
+def test_the_driver_follows_its_branch_not_a_point_release():
+    # Item 6: pinned to "580.*"; an installed newer point release (a security
+    # release) is kept, not taken back to the catalogue's 580.95.05, and never
+    # moved to another branch; nvidia_driver_update brings the newest.
+    newer = {"nvidia-open": "580.126.20-1", "nvidia-kernel-open-dkms": "580.126.20-1"}
+    p = plan(["9.0"], installed=newer)
+    assert p["pin"] == "580.*" and not p["change"] and p["upstream"] == "580.126.20"
+    assert plan(["9.0"], installed=newer, update=True)["change"]
+    older = {"nvidia-open": "580.82.07-1", "nvidia-kernel-open-dkms": "580.82.07-1"}
+    assert plan(["9.0"], installed=older)["change"]
+    # Fabric Manager at another point release than the driver: reinstalled together.
+    mixed = dict(newer, **{"nvidia-fabricmanager": "580.95.05-1", "libnvidia-nscq": "580.126.20-1"})
+    assert plan(["9.0"], fixture_text("hgx-h100-8x.lspci"), installed=mixed)["change"]
+    # A version named by hand is pinned exactly.
+    assert plan(["9.0"], branch="580", version="580.95.05-1")["pin"] == "580.95.05-*"
+
+
+def test_ubuntu_r590_and_later_names_and_the_pinning_package():
+    # Item 7: asking for 595 on Ubuntu gets the unversioned names and NVIDIA's
+    # pinning package; 580 keeps the branch in the names.
+    p = plan(["9.0"], distribution="Ubuntu", packages_by_os=UBUNTU, branch="595", branch_max="")
+    assert p["driver_packages"] == ["nvidia-open", "nvidia-dkms-open"]
+    assert p["pinning_packages"] == ["nvidia-driver-pinning-595"] and p["hold"][0] == "nvidia-driver-pinning-595"
+    p = plan(["9.0"], distribution="Ubuntu", packages_by_os=UBUNTU)
+    assert p["driver_packages"] == ["nvidia-driver-580-open", "nvidia-dkms-580-open"] and p["pinning_packages"] == []
+    # Another branch's pinning package goes when this branch's comes.
+    p = plan(
+        ["9.0"],
+        distribution="Ubuntu",
+        packages_by_os=UBUNTU,
+        branch="620",
+        branch_max="",
+        installed={"nvidia-driver-pinning-595": "595.58.03-1"},
+    )
+    assert p["stale_packages"] == ["nvidia-driver-pinning-595"]
+
+
+def test_a_node_on_595_is_recognised_and_not_downgraded():
+    # Item 7: Ubuntu's R590+ kernel module package has no branch in its name.
+    installed = {"nvidia-open": "595.58.03-0ubuntu1", "nvidia-dkms-open": "595.58.03-0ubuntu1"}
+    assert drv.installed_driver(installed)["branch"] == "595"
+    p = plan(["9.0"], distribution="Ubuntu", packages_by_os=UBUNTU, installed=installed)
+    assert p["policy_choice"]["branch"] == "580" and p["kept"] and p["branch"] == "595"
+    assert p["driver_packages"] == ["nvidia-open", "nvidia-dkms-open"] and p["pin"] == "595.*"
+
+
+def test_packages_by_os_in_a_bad_shape_is_refused():
+    with pytest.raises(drv.PlanError, match="from_branch 'x' is not a branch number"):
+        plan(["9.0"], packages_by_os={"Debian": [{"from_branch": "x", "open": ["a"]}]})
+
+
+@pytest.mark.parametrize(
+    "distribution,release,uname,meta",
+    [
+        ("Debian", "12", "6.1.0-18-amd64", "linux-headers-amd64"),
+        ("Debian", "12", "6.1.0-28-cloud-amd64", "linux-headers-cloud-amd64"),
+        ("Debian", "12", "6.12.9+bpo-amd64", "linux-headers-amd64"),
+        ("Ubuntu", "22.04", "5.15.0-91-generic", "linux-headers-generic"),
+        ("Ubuntu", "22.04", "6.8.0-49-generic", "linux-headers-generic-hwe-22.04"),
+        ("Ubuntu", "24.04", "6.8.0-1015-aws", "linux-headers-aws"),
+        ("Ubuntu", "24.04", "6.8.0-1012-nvidia", "linux-headers-nvidia"),
+        ("Ubuntu", "24.04", "6.8.0-49-generic", "linux-headers-generic"),
+    ],
+)
+def test_the_kernel_headers_meta_package_follows_the_flavour(distribution, release, uname, meta):
+    # Item 10: DKMS can build for the next kernel only with its headers.
+    assert drv.kernel_headers_meta(distribution, release, uname) == meta
+
+
+def test_an_unreadable_kernel_release_is_refused():
+    with pytest.raises(drv.PlanError, match="does not read as VERSION-ABI-FLAVOUR"):
+        drv.kernel_headers_meta("Debian", "12", "6.1.0")
+
+
+IB = {"pci_bus_id": "1b:00.0", "kind": "infiniband"}
+ETH = {"pci_bus_id": "1b:00.0", "kind": "ethernet (RoCE)"}
+
+
+def test_nvidia_peermem_only_where_it_is_needed_and_can_load():
+    # Item 9: not by default; auto needs an InfiniBand HCA (not Ethernet, not an
+    # NVLink 5 bridge), the peer-memory API, and no DMA-BUF.
+    assert drv.peermem("never", [IB], peer_memory=True)[0] is False
+    assert drv.peermem("auto", [ETH], peer_memory=True, flavor="proprietary")[0] is False
+    bridge = {"pci_bus_id": "0000:cc:00.0", "pci_device_id": "15b3:1021"}
+    assert (
+        drv.peermem("auto", [{"pci_bus_id": "cc:00.0", "kind": "infiniband"}], [bridge], True, "proprietary")[0]
+        is False
+    )
+    assert drv.peermem("auto", [IB], peer_memory=False, flavor="proprietary")[0] is False
+    assert drv.peermem("auto", [IB], peer_memory=True, flavor="open", kernel_release="6.8.0-49-generic")[0] is False
+    assert drv.peermem("auto", [IB], peer_memory=True, flavor="proprietary", kernel_release="6.8.0-49-generic")[0]
+    assert drv.peermem(True)[0] and not drv.peermem(False)[0]
+    with pytest.raises(drv.PlanError, match="expected never, auto or always"):
+        drv.peermem("sometimes")
+
+
+def test_the_role_defaults_load_no_peermem():
+    defaults = yaml.safe_load((ROOT / "roles/nvidia_driver/defaults/main.yml").read_text())
+    assert defaults["nvidia_driver_peermem"] == "never"

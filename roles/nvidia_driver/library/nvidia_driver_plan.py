@@ -12,6 +12,9 @@ description:
     downgrade of a newer driver that meets it), the kernel module flavour by GPU generation,
     and, on NVSwitch boards (NVIDIA PCI class 0680 in C(lspci -nn)), Fabric Manager at the
     driver's version (plus nvlsm and NVSDM on Blackwell).
+  - On Blackwell NVLink 5 boards (no NVSwitch on the PCI bus; ConnectX bridges with SW_MNG in
+    their VPD under C(pci_root)) Fabric Manager, nvlsm and infiniband-diags, and mlx5_core and ib_umad.
+  - The kernel headers meta package for the running kernel's flavour (C(kernel_headers_meta) auto).
   - Reads the installed packages with C(dpkg-query). Changes nothing.
 options:
   catalogue: {description: The matrix's driver_branches., type: list, elements: dict, required: true}
@@ -35,6 +38,17 @@ options:
   stack_branch: {description: The matrix row's driver branch (policy stack)., type: str, default: ""}
   stack_version: {description: The matrix row's driver version (policy stack)., type: str, default: ""}
   downgrade: {description: Allow replacing a newer installed driver., type: bool, default: false}
+  update: {description: Bring the driver to the newest point release of its branch., type: bool, default: false}
+  pci_root:
+    description: Where the PCI functions are listed (sysfs); the NVLink 5 bridges are read from it.
+    type: path
+    default: /sys/bus/pci/devices
+  kernel_headers_meta:
+    description: auto (derived from the running kernel), empty (none) or a package name.
+    type: str
+    default: auto
+  kernel_release: {description: The running kernel (uname -r)., type: str, default: ""}
+  distribution_version: {description: The OS release (Ubuntu 22.04 tells its HWE kernel)., type: str, default: ""}
   lspci_output_file:
     description: Read this recorded C(lspci -nn) output instead of running lspci (tests).
     type: path
@@ -44,15 +58,21 @@ author: torchrig
 
 RETURN = r"""
 plan:
-  description: branch, version, upstream, why, kept, kernel_modules, nvswitches, fabricmanager, nvlsm,
-    driver_packages, fabric_packages, versioned_packages, other_packages, hold, change, to_change, installed.
+  description: branch, version, upstream, pin, why, kept, kernel_modules, nvswitches, nvlink5_bridges,
+    fabricmanager, nvlsm, fabric_kernel_modules, driver_packages, pinning_packages, fabric_packages,
+    versioned_packages, other_packages, hold, stale_packages, change, to_change, installed, kernel_headers_meta.
   type: dict
   returned: always
 """
 
 # Imports follow the documentation strings, as Ansible lays out its modules.
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.torchrig_driver import PlanError, plan  # noqa: E402
+from ansible.module_utils.torchrig_driver import (  # noqa: E402
+    PlanError,
+    kernel_headers_meta,
+    plan,
+    read_pci_devices,
+)
 
 
 def read_lspci(module):
@@ -106,6 +126,11 @@ def main():
             "stack_version": {"type": "str", "default": ""},
             "downgrade": {"type": "bool", "default": False},
             "lspci_output_file": {"type": "path", "default": ""},
+            "update": {"type": "bool", "default": False},
+            "pci_root": {"type": "path", "default": "/sys/bus/pci/devices"},
+            "kernel_headers_meta": {"type": "str", "default": "auto"},
+            "kernel_release": {"type": "str", "default": ""},
+            "distribution_version": {"type": "str", "default": ""},
         },
         supports_check_mode=True,
     )
@@ -122,6 +147,7 @@ def main():
             packages_by_os=p["packages_by_os"],
             installed=read_installed(module),
             lspci=read_lspci(module),
+            pci_devices=read_pci_devices(p["pci_root"]),
             kernel_modules_override=p["kernel_modules"],
             fabricmanager=p["fabricmanager"],
             nvlsm=p["nvlsm"],
@@ -130,7 +156,12 @@ def main():
             version=p["version"],
             stack={"branch": p["stack_branch"], "version": p["stack_version"]},
             downgrade=p["downgrade"],
+            update=p["update"],
         )
+        meta = p["kernel_headers_meta"]
+        if meta == "auto":
+            meta = kernel_headers_meta(p["distribution"], p["distribution_version"], p["kernel_release"])
+        result["kernel_headers_meta"] = meta
     except PlanError as e:
         module.fail_json(msg=str(e))
     module.exit_json(changed=False, plan=result)

@@ -8,17 +8,36 @@ and nvidia_fabric_facts modules on the hosts.
 
 from __future__ import annotations
 
+import os
 import re
 
 NVIDIA_VENDOR = "10de"
+MELLANOX_VENDOR = "15b3"
 # NVSwitch chips show in lspci as NVIDIA "Bridge [0680]" functions (HGX/DGX
 # A100, H100, H200 boards). GPUs are 0300/0302; the RTX audio function is 0403.
 NVSWITCH_PCI_CLASS = "0680"
 
+# Blackwell HGX/DGX (B200, B300: NVLink 5): the NVSwitch trays are not PCI
+# functions of the host, so class 0680 never shows. They are managed through
+# ConnectX bridges whose PCI VPD names SW_MNG; NVIDIA's driver container
+# detects NVLink 5 that way (_assert_nvlink5_system in
+# NVIDIA/gpu-driver-container ubuntu24.04/nvidia-driver, PR #246/#281), then
+# waits for mlx5_core and ib_umad and installs nvlsm and infiniband-diags
+# (ubuntu24.04/install.sh nvlink5_pkgs_install). The VPD is read from the PCI
+# device (/sys/bus/pci/devices/*/vpd, the same file as
+# /sys/class/infiniband/*/device/vpd), so it is found before mlx5_ib is
+# loaded (NVIDIA/gpu-operator#2781: no IB device without it).
+NVLINK5_VPD_MARK = b"SW_MNG"
+NVLINK5_KERNEL_MODULES = ("mlx5_core", "ib_umad")
+# From the distribution's own repository (rdma-core), not NVIDIA's.
+NVLINK5_OS_PACKAGES = ("infiniband-diags",)
+
 # Branch kinds from NVIDIA's data-centre driver lifecycle: long_term (LTSB,
 # about three years of fixes), production (PB, about one year), new_feature
-# (NFB, a few months, then no security fixes).
-BRANCH_KINDS = ("long_term", "production", "new_feature")
+# (NFB, a few months, then no security fixes), ended (past its end of life or
+# gone from NVIDIA's support table: no policy chooses it; only a matrix row's
+# own branch with policy stack, or nvidia_driver_branch by hand).
+BRANCH_KINDS = ("long_term", "production", "new_feature", "ended")
 # nvidia_driver_branch_policy -> the kinds it may choose; "stack" takes the
 # matrix row's own branch.
 POLICY_KINDS = {
@@ -34,9 +53,14 @@ UNVERSIONED_FABRIC_NAMES_FROM = 580
 # The kernel module package of either flavour, on Debian and Ubuntu, in
 # NVIDIA's repository: the installed driver's version and flavour are read
 # from it (the meta packages differ between distributions and flavours).
-_DKMS_PACKAGE = re.compile(r"^(nvidia-kernel-(open-)?dkms|nvidia-dkms-(\d+)(-open)?)$")
+# From R590 NVIDIA's Ubuntu packages drop the branch (nvidia-dkms-open,
+# nvidia-dkms; NVIDIA driver installation guide, "Ubuntu 590 and later
+# packages"), so the branch is read from the version, never from the name.
+_DKMS_PACKAGE = re.compile(r"^(nvidia-kernel-(open-)?dkms|nvidia-dkms(-\d+)?(-open)?)$")
 
 _FABRIC_PACKAGE = re.compile(r"^(nvidia-fabricmanager|libnvidia-nscq|libnvsdm)(-\d+)?$")
+# NVIDIA's branch-locking packages (apt preferences for one branch), from R590.
+_PINNING_PACKAGE = re.compile(r"^nvidia-driver-pinning-\d+$")
 
 # "07:00.0 Bridge [0680]: NVIDIA Corporation GH100 [H100 NVSwitch] [10de:22a3] (rev a1)"
 _LSPCI_LINE = re.compile(
@@ -83,6 +107,47 @@ def parse_nvswitches(text):
         if m and m.group("vendor") == NVIDIA_VENDOR and m.group("cls") == NVSWITCH_PCI_CLASS:
             switches.append({"pci_bus_id": m.group("slot"), "pci_device_id": f"{NVIDIA_VENDOR}:{m.group('device')}"})
     return switches
+
+
+def read_pci_devices(root):
+    """PCI functions from sysfs (root: /sys/bus/pci/devices or a recorded copy):
+    [{'slot', 'vendor', 'device', 'class', 'vpd'}]. The VPD is read only for
+    Mellanox functions (the NVLink 5 bridges): reading other devices' VPD can
+    be slow or fail, and nothing else is looked for in it."""
+    devices = []
+    if not root or not os.path.isdir(root):
+        return devices
+    for slot in sorted(os.listdir(root)):
+        d = os.path.join(root, slot)
+
+        def field(name, d=d):
+            try:
+                with open(os.path.join(d, name)) as f:
+                    return f.read().strip().lower().removeprefix("0x")
+            except OSError:
+                return ""
+
+        dev = {"slot": slot, "vendor": field("vendor"), "device": field("device"), "class": field("class")[:4]}
+        dev["vpd"] = b""
+        if dev["vendor"] == MELLANOX_VENDOR:
+            try:
+                with open(os.path.join(d, "vpd"), "rb") as f:
+                    dev["vpd"] = f.read()
+            except OSError:
+                # No VPD capability, or the firmware refuses the read: not a bridge we can tell.
+                pass
+        devices.append(dev)
+    return devices
+
+
+def nvlink5_bridges(devices):
+    """The ConnectX functions that manage a Blackwell NVLink 5 switch tray
+    (SW_MNG in their VPD): [{'pci_bus_id', 'pci_device_id'}]."""
+    return [
+        {"pci_bus_id": d["slot"], "pci_device_id": f"{d['vendor']}:{d['device']}"}
+        for d in devices
+        if d["vendor"] == MELLANOX_VENDOR and NVLINK5_VPD_MARK in (d.get("vpd") or b"")
+    ]
 
 
 def is_blackwell(ccs):
@@ -263,6 +328,110 @@ def fabric_packages(branch, blackwell):
     return versioned, (["nvlsm"] if blackwell else [])
 
 
+def driver_package_names(packages_by_os, distribution, branch):
+    """The driver's package names for this distribution and branch:
+    {'open': [...], 'proprietary': [...], 'pinning': name or ''}, {branch}
+    replaced. An entry is a mapping (every branch) or a list of mappings with
+    from_branch: the one with the highest from_branch at or below the branch
+    applies (Ubuntu's names change at R590)."""
+    if distribution not in packages_by_os:
+        raise PlanError(
+            "no driver packages are named for {} in nvidia_driver_packages_by_os (it has {}); expected an entry "
+            "for this distribution".format(distribution, ", ".join(packages_by_os) or "none")
+        )
+    entries = packages_by_os[distribution]
+    entries = [entries] if isinstance(entries, dict) else entries
+    where = f"nvidia_driver_packages_by_os.{distribution}"
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise PlanError(f"{where} must be a mapping (open, proprietary) or a list of them with from_branch")
+    fits = []
+    for e in entries:
+        start = e.get("from_branch", 0)
+        if not str(start).isdigit():
+            raise PlanError(f"{where}: from_branch {start!r} is not a branch number like 590")
+        if int(start) <= int(branch):
+            fits.append((int(start), e))
+    if not fits:
+        raise PlanError(f"{where} names no packages for branch {branch} (every entry's from_branch is above it)")
+    entry = max(fits, key=lambda f: f[0])[1]
+    return {
+        "open": [str(n).format(branch=branch) for n in entry.get("open") or []],
+        "proprietary": [str(n).format(branch=branch) for n in entry.get("proprietary") or []],
+        "pinning": str(entry.get("pinning") or "").format(branch=branch),
+    }
+
+
+_UNAME = re.compile(r"^\d+\.\d+\.\d+(?:-\d+)?(?:\+bpo)?-(?P<flavour>[a-z][a-z0-9-]*)$")
+# Ubuntu's GA kernel per release: a newer one running is the HWE kernel, whose
+# headers meta package is linux-headers-<flavour>-hwe-<release>.
+UBUNTU_GA_KERNEL = {"20.04": (5, 4), "22.04": (5, 15), "24.04": (6, 8)}
+_UBUNTU_HWE_FLAVOURS = ("generic", "generic-64k", "lowlatency", "lowlatency-64k")
+
+
+def kernel_headers_meta(distribution, distribution_version, kernel_release):
+    """The headers meta package that follows the running kernel's flavour to
+    every new kernel, so DKMS builds the nvidia module for the next kernel
+    before its first boot. Debian: '6.1.0-18-cloud-amd64' -> linux-headers-cloud-amd64
+    ('6.12.9+bpo-amd64' -> linux-headers-amd64). Ubuntu: '6.8.0-1015-aws' ->
+    linux-headers-aws; '6.8.0-49-generic' on 22.04 (GA 5.15) ->
+    linux-headers-generic-hwe-22.04."""
+    m = _UNAME.match(str(kernel_release).strip())
+    if not m:
+        raise PlanError(
+            f"kernel release {kernel_release!r} (uname -r) does not read as VERSION-ABI-FLAVOUR (e.g. "
+            "6.1.0-18-amd64, 6.8.0-49-generic), so its headers meta package cannot be told. Expected: a "
+            "distribution kernel, or nvidia_driver_kernel_headers_meta set to the package name (or empty for none)."
+        )
+    flavour = m.group("flavour")
+    if distribution == "Ubuntu" and flavour in _UBUNTU_HWE_FLAVOURS:
+        release = str(distribution_version)
+        ga = UBUNTU_GA_KERNEL.get(release)
+        running = tuple(int(x) for x in str(kernel_release).split(".")[:2])
+        if ga and running > ga:
+            return f"linux-headers-{flavour}-hwe-{release}"
+    if distribution not in ("Debian", "Ubuntu"):
+        raise PlanError(f"no headers meta package is known for {distribution}; expected Debian or Ubuntu")
+    return f"linux-headers-{flavour}"
+
+
+def peermem(setting, adapters=(), bridges=(), peer_memory=False, flavor="", kernel_release=""):
+    """(load nvidia-peermem at boot?, why). never (default) / always / auto.
+    auto loads it only where it is needed and can work: an InfiniBand HCA
+    (not an Ethernet ConnectX, not an NVLink 5 switch bridge), a kernel with
+    the peer-memory API (MLNX_OFED / DOCA-OFED's ib_core creates
+    /sys/kernel/mm/memory_peers; inbox kernels lack it and the module fails
+    to load at every boot), and no DMA-BUF: with the open kernel modules on
+    Linux 5.12 or newer NCCL uses DMA-BUF, which NVIDIA recommends over
+    nvidia-peermem (GPU Operator docs, "GPUDirect RDMA": DMA-BUF needs the
+    open modules and kernel 5.12+; CUDA docs, "GPUDirect RDMA")."""
+    if isinstance(setting, bool):
+        setting = "always" if setting else "never"
+    setting = str(setting).lower()
+    if setting in ("true", "yes"):
+        setting = "always"
+    if setting in ("false", "no"):
+        setting = "never"
+    if setting not in ("auto", "always", "never"):
+        raise PlanError(f"nvidia_driver_peermem is {setting!r}; expected never, auto or always")
+    if setting != "auto":
+        return setting == "always", f"nvidia_driver_peermem is {setting}"
+    bridge_slots = {_slot(b["pci_bus_id"]) for b in bridges}
+    hcas = [a for a in adapters if a.get("kind") == "infiniband" and _slot(a["pci_bus_id"]) not in bridge_slots]
+    if not hcas:
+        return False, "no InfiniBand HCA (Ethernet ConnectX and NVLink 5 switch bridges do not use it)"
+    if not peer_memory:
+        return False, "the kernel has no peer-memory API (/sys/kernel/mm/memory_peers; MLNX_OFED/DOCA-OFED provides it)"
+    kernel = tuple(int(x) for x in re.findall(r"\d+", str(kernel_release))[:2]) or (0, 0)
+    if flavor == "open" and kernel >= (5, 12):
+        return False, "DMA-BUF is available (open kernel modules, Linux 5.12+): NCCL uses it instead"
+    return True, "InfiniBand HCA {} with peer memory and no DMA-BUF".format(", ".join(a["pci_bus_id"] for a in hcas))
+
+
+def _slot(pci_bus_id):
+    """'0000:1a:00.0' (sysfs) and '1a:00.0' (lspci) -> '1a:00.0'."""
+    return pci_bus_id.split(":", 1)[1] if pci_bus_id.count(":") == 2 else pci_bus_id
+
+
 def plan(
     *,
     catalogue,
@@ -275,6 +444,7 @@ def plan(
     packages_by_os,
     installed=None,
     lspci="",
+    pci_devices=(),
     kernel_modules_override="auto",
     fabricmanager="auto",
     nvlsm="auto",
@@ -283,8 +453,16 @@ def plan(
     version="",
     stack=None,
     downgrade=False,
+    update=False,
 ):
-    """Everything the role installs on one GPU host, decided before anything changes."""
+    """Everything the role installs on one GPU host, decided before anything changes.
+
+    The driver follows a branch, not a point release: the pin and the install
+    take the newest point release of the chosen branch in the repository
+    (pin: "<branch>.*"); an installed point release of that branch at or above
+    the catalogue's version is kept until update (nvidia_driver_update) asks
+    for the newest. Only a version named by hand (nvidia_driver_version) is
+    pinned exactly."""
     installed = installed or {}
     cluster_ccs = sorted(set(cluster_ccs) | set(host_ccs), key=cc_tuple)
     for name, value in (("nvidia_driver_fabricmanager", fabricmanager), ("nvidia_driver_nvlsm", nvlsm)):
@@ -298,15 +476,16 @@ def plan(
     flavor, flavor_why = kernel_modules(host_ccs, gpu_names, kernel_modules_override)
     chosen = choose_branch(catalogue, policy, floor, cluster_ccs, branch_max, branch, version, stack)
     target = dict(chosen, upstream=upstream_version(chosen["version"]), flavor=flavor, kept=False)
+    exact = bool(version)
 
     # Never downgrade a driver that already runs the stack: moving a host from
-    # R580 back to R570 means a reboot and older fixes for nothing.
+    # R595 back to R580 means a reboot and older fixes for nothing.
     have = installed_driver(installed)
     if (
         have
         and not downgrade
         and version_tuple(have["upstream"]) >= version_tuple(floor)
-        and version_tuple(have["upstream"]) > version_tuple(target["upstream"])
+        and int(have["branch"]) > int(target["branch"])
         and (kernel_modules_override == "auto" or have["flavor"] == flavor)
         and (have["flavor"] == flavor or not _flavor_required(host_ccs, gpu_names))
     ):
@@ -320,30 +499,63 @@ def plan(
                 have["upstream"], chosen["branch"], chosen["why"], floor
             ),
         )
+        exact = False
 
-    names = packages_by_os[distribution].get(target["flavor"])
-    if not names:
+    names = driver_package_names(packages_by_os, distribution, target["branch"])
+    driver_pkgs = names[target["flavor"]]
+    if not driver_pkgs:
         raise PlanError(f"nvidia_driver_packages_by_os.{distribution} names no {target['flavor']} packages")
-    driver_pkgs = [str(n).format(branch=target["branch"]) for n in names]
+    pinning = [names["pinning"]] if names["pinning"] else []
 
     switches = parse_nvswitches(lspci)
-    want_fm = fabricmanager == "always" or (fabricmanager == "auto" and bool(switches))
-    want_nvlsm = want_fm and (nvlsm == "always" or (nvlsm == "auto" and is_blackwell(host_ccs)))
+    bridges = nvlink5_bridges(pci_devices)
+    want_fm = fabricmanager == "always" or (fabricmanager == "auto" and bool(switches or bridges))
+    # NVLink 5 (the SW_MNG bridges) needs nvlsm whatever the GPUs report.
+    want_nvlsm = want_fm and (nvlsm == "always" or (nvlsm == "auto" and (is_blackwell(host_ccs) or bool(bridges))))
     fm_versioned, fm_other = fabric_packages(target["branch"], want_nvlsm) if want_fm else ([], [])
+    nvlink5 = bool(bridges) and want_fm
+    os_pkgs = list(NVLINK5_OS_PACKAGES) if nvlink5 else []
+    fabric_modules = list(NVLINK5_KERNEL_MODULES) if nvlink5 else []
 
     versioned = driver_pkgs + fm_versioned
-    wrong = [p for p in versioned if upstream_version(installed.get(p, "")) != target["upstream"]]
-    missing = [p for p in fm_other if p not in installed]
+    others = pinning + fm_other + os_pkgs
+    # What is installed of this branch now: every versioned package on one
+    # point release of the branch, at or above the catalogue's (exact: that one).
+    now = {p: upstream_version(installed[p]) for p in versioned if p in installed}
+    on_branch = [p for p in versioned if p in now and now[p].split(".")[0] == str(target["branch"])]
+    releases = {now[p] for p in on_branch}
+    if exact or target["kept"]:
+        good = {target["upstream"]} if exact else releases
+    else:
+        good = {r for r in releases if version_tuple(r) >= version_tuple(target["upstream"])}
+    wrong = [p for p in versioned if p not in on_branch or now[p] not in good]
+    if len(releases) > 1:
+        # Fabric Manager at another point release than the driver refuses to start.
+        wrong = sorted(set(wrong) | set(on_branch))
+    missing = [p for p in others if p not in installed]
     # Another branch's fabric packages (nvidia-fabricmanager-570 beside 580's
-    # nvidia-fabricmanager) ship the same files and the same service: they go
-    # when this branch's come.
-    stale = (
-        sorted(p for p in installed if _FABRIC_PACKAGE.match(p) and p not in fm_versioned + fm_other) if want_fm else []
+    # nvidia-fabricmanager) ship the same files and the same service, and
+    # another branch's pinning package pins another branch: they go when this
+    # branch's come.
+    stale = sorted(
+        p
+        for p in installed
+        if p not in versioned + others and ((want_fm and _FABRIC_PACKAGE.match(p)) or _PINNING_PACKAGE.match(p))
     )
+    change = bool(wrong or missing or stale) or (bool(update) and not target["kept"])
+    if not change and len(releases) == 1:
+        upstream = releases.pop()
+    else:
+        upstream = target["upstream"] if (exact or target["kept"]) else ""
+    pin = f"{target['upstream']}-*" if exact else f"{target['branch']}.*"
     return {
         "branch": target["branch"],
         "version": target["version"],
-        "upstream": target["upstream"],
+        # The point release installed (after this plan, when nothing changes);
+        # empty when apt chooses it (the branch's newest): read it after the install.
+        "upstream": upstream,
+        # apt's pin and the install's version pattern.
+        "pin": pin,
         "why": target["why"],
         "kept": target["kept"],
         "policy_choice": chosen,
@@ -351,18 +563,23 @@ def plan(
         "kernel_modules": target["flavor"],
         "kernel_modules_why": flavor_why if not target["kept"] else "the installed driver's",
         "nvswitches": switches,
+        "nvlink5_bridges": bridges,
         "fabricmanager": want_fm,
         "nvlsm": want_nvlsm,
+        # Loaded at every boot on NVLink 5 boards, before Fabric Manager and nvlsm start.
+        "fabric_kernel_modules": fabric_modules,
         "driver_packages": driver_pkgs,
-        "fabric_packages": fm_versioned + fm_other,
-        # Installed at the driver's exact version, pinned and held together.
+        "pinning_packages": pinning,
+        "fabric_packages": fm_versioned + fm_other + os_pkgs,
+        # Installed at one point release of the branch (pin), held together.
         "versioned_packages": versioned,
-        # Installed at the repository's version (nvlsm), held.
-        "other_packages": fm_other,
-        "hold": versioned + fm_other,
+        # Installed at the repository's version (the pinning package, nvlsm,
+        # the OS's infiniband-diags), held with the driver's.
+        "other_packages": others,
+        "hold": pinning + versioned + fm_other,
         "stale_packages": stale,
-        "change": bool(wrong or missing or stale),
-        "to_change": wrong + missing + stale,
+        "change": change,
+        "to_change": wrong + missing + stale or (["the newest point release of " + target["branch"]] if change else []),
     }
 
 
