@@ -51,6 +51,8 @@ venv: .venv.stamp
 # finds the venv done and builds nothing.
 ifndef VENV_LOCK_HELD
 $(VENV_CACHE)/.torchrig-setup:
+	@# A python3 too old (or new) for the pinned ansible-core: say so now, not as pip's "no matching distribution".
+	python3 playbooks/files/controller_python.py requirements.txt
 	mkdir -p $(CACHE)
 	flock $(CACHE)/venv.lock $(MAKE) --no-print-directory VENV_LOCK_HELD=1 $@
 else
