@@ -56,8 +56,9 @@ BAD_SIGNATURE = re.compile(
 )
 # Fixed: the Release file changes only when the packages do.
 RELEASE_DATE = "Thu, 01 Jan 2026 00:00:00 UTC"
-# A cluster's name becomes a directory name: the same rule as torchrig_cluster_name.
-CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# A cluster's name becomes a directory name (the torchrig role checks torchrig_cluster_name
+# by the job name rule; this is the path's own guard).
+CLUSTER_NAME = re.compile(r"(?!\.)[\w.-]{1,64}", re.ASCII)
 # The line apt-get --print-uris prints per .deb: 'URI' FILENAME SIZE HASH (the hash is
 # MD5Sum or empty, whatever the index holds; apt checks the SHA256 itself when it downloads).
 PRINTED_URI = re.compile(r"'(?P<uri>[^']+)' (?P<name>\S+) (?P<size>\d+) (?P<hash>\S*)")
