@@ -428,3 +428,67 @@ def test_nvidia_peermem_only_where_it_is_needed_and_can_load():
 def test_the_role_defaults_load_no_peermem():
     defaults = yaml.safe_load((ROOT / "roles/nvidia_driver/defaults/main.yml").read_text())
     assert defaults["nvidia_driver_peermem"] == "never"
+
+
+# ------------------------------------------- the kernel module (Secure Boot)
+# Issue 30 item 8: preflight's Secure Boot guard asks the plan's own decision
+# (driver_decision) whether the nvidia kernel module is rebuilt or replaced.
+
+
+def dkms(version, flavor="open"):
+    meta, module = (("nvidia-open", "nvidia-kernel-open-dkms") if flavor == "open"
+                    else ("cuda-drivers", "nvidia-kernel-dkms"))
+    return {meta: version, module: version}
+
+
+def test_module_change_is_any_new_kernel_module():
+    # Nothing installed: a first build.
+    assert "no NVIDIA driver is installed" in plan(["9.0"])["module_change"]
+    # The catalogue's point release on the branch: kept, no new module.
+    assert plan(["9.0"], installed=dkms("580.95.05-1"))["module_change"] == ""
+    # An older point release of the same branch: the newest is installed.
+    p = plan(["9.0"], installed=dkms("580.82.07-1"))
+    assert p["module_change"] == "driver 580.82.07 would be upgraded to the newest point release of branch 580"
+    # nvidia_driver_update on the catalogue's release: a newer one may come.
+    assert "(nvidia_driver_update)" in plan(["9.0"], installed=dkms("580.95.05-1"), update=True)["module_change"]
+    # Another branch, another flavour: replaced.
+    assert plan(["9.0"], installed=dkms("570.172.08-1"))["module_change"].startswith(
+        "driver 570.172.08 would be replaced by branch 580"
+    )
+    assert "proprietary kernel modules would be replaced by the open ones" in plan(
+        ["10.0"], installed=dkms("580.95.05-1", "proprietary")
+    )["module_change"]
+    # A newer branch that meets the floor is kept, update or not: no new module.
+    assert plan(["9.0"], installed=dkms("595.58.03-1"), update=True)["module_change"] == ""
+
+
+def test_a_fabric_only_change_is_no_module_change():
+    # Fabric Manager missing on an NVSwitch board: the plan changes packages,
+    # but the kernel module stays (Secure Boot has nothing new to load).
+    p = plan(["9.0"], fixture_text("hgx-h100-8x.lspci"), installed=dkms("580.95.05-1"))
+    assert p["change"] and p["module_change"] == ""
+
+
+@pytest.mark.parametrize("installed,kw", [
+    ("580.95.05", {}),
+    ("580.82.07", {}),
+    ("580.95.05", {"update": True}),
+    ("560.35.05", {"policy": "stack", "row": ("2.14.1", "cu126")}),
+    ("560.35.05", {"row": ("2.14.1", "cu126")}),
+    ("580.95.05", {"branch_max": ""}),
+    ("595.58.03", {"branch_max": ""}),
+    ("580.95.05", {"branch": "580", "version": "580.95.05-1", "update": True}),
+])
+def test_preflight_asks_the_plan(installed, kw):
+    # The guard (torchrig_stack.module_change) and the plan give the same answer
+    # for the same settings: one decision, not two.
+    from rolepy import stack_mod
+    kw = dict(kw)
+    row = ROWS[kw.pop("row", ("2.14.1", "cu130"))]
+    expected = plan(["9.0"], row=(row["torch"], row["variant"]), installed=dkms(installed + "-1"), **kw)
+    settings = {"policy": kw.get("policy", "supported"), "branches": CATALOGUE, "branch": kw.get("branch", ""),
+                "version": kw.get("version", ""), "branch_max": kw.get("branch_max", "580"),
+                "update": kw.get("update", False), "downgrade": False, "kernel_modules": "auto"}
+    host = {"name": "node1", "driver_version": installed, "driver_plan": settings,
+            "gpus": [{"compute_capability": "9.0", "name": "NVIDIA H100 80GB HBM3"}]}
+    assert stack_mod.module_change(host, row) == expected["module_change"]

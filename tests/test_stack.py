@@ -1,7 +1,20 @@
 """The compatibility matrix: its checks, host judgements and the choice of row."""
 
 import pytest
+import yaml
 from rolepy import MATRIX_TEXT, fixture_text, gpu_mod, stack_mod
+
+# The nvidia_driver role's defaults, as preflight_driver_plan hands them over.
+DRIVER_PLAN = {
+    "policy": "supported",
+    "branches": yaml.safe_load(MATRIX_TEXT)["driver_branches"],
+    "branch": "",
+    "version": "",
+    "branch_max": "",
+    "update": False,
+    "downgrade": False,
+    "kernel_modules": "auto",
+}
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +60,7 @@ def host(gpu_mod, name="node1", smi=None, group="gpu", **kw):
         "free_bytes": 50 * GIB,
         "min_free_gib": 10,
         "disk_path": "/opt",
+        "driver_plan": dict(DRIVER_PLAN),
     }
     h.update(kw)
     return h
@@ -256,9 +270,82 @@ def test_secure_boot_without_signing(stack, gpu, rows):
 
 
 def test_secure_boot_with_the_right_driver_in_place(stack, gpu, rows):
-    # The 580 driver is already there and loaded: nothing new needs signing.
+    # The 580 driver is already there and loaded, and the plan keeps it (policy
+    # stack: the cu130 row's 580 at the catalogue's 580.95.05): nothing new needs signing.
     h = host(gpu, smi="h100-8x.nvidia-smi", secure_boot=True)
+    h["driver_plan"]["policy"] = "stack"
     assert pick(stack, rows, [h], variant="cu130", torch="2.14.1")["problems"] == {}
+
+
+def sb_problem(stack, rows, h, **kw):
+    problems = pick(stack, rows, [h], **kw)["problems"]
+    return " ".join(problems.get(h["name"], []))
+
+
+def test_secure_boot_guard_asks_the_policys_branch_not_the_rows(stack, gpu, rows):
+    # A V100 (7.0) on the cu126 row's own driver 560.35.05. The row says 560,
+    # but the supported policy installs 580 (620 and 595 start at Turing): the
+    # module is replaced. a46a43a compared 560 with the row's 560 and let it through.
+    h = host(gpu, smi="v100.nvidia-smi", secure_boot=True, driver_version="560.35.05")
+    msg = sb_problem(stack, rows, h, torch="2.14.1", variant="cu126")
+    assert (
+        "node1: Secure Boot is on and no DKMS signing key was found; for torch 2.14.1 cu126 driver 560.35.05 "
+        "would be replaced by branch 580 (newest long-term branch supporting every GPU in the cluster)"
+    ) in msg
+    assert "Needs: a DKMS signing key enrolled with `mokutil --import`" in msg
+    # The same host already on 580: the plan keeps it, nothing to sign (a46a43a
+    # refused it, 580 not being the row's 560).
+    h["driver_version"] = "580.95.05"
+    assert sb_problem(stack, rows, h, torch="2.14.1", variant="cu126") == ""
+    # Policy stack does take the row's 560: then the 580 host keeps its newer
+    # branch (no downgrade) and the 560 host keeps 560.
+    h["driver_plan"]["policy"] = "stack"
+    assert sb_problem(stack, rows, h, torch="2.14.1", variant="cu126") == ""
+    h["driver_version"] = "560.35.05"
+    assert sb_problem(stack, rows, h, torch="2.14.1", variant="cu126") == ""
+
+
+def test_secure_boot_guard_follows_the_cluster_policy_to_a_new_branch(stack, gpu, rows):
+    # H100s on 580 with the default policy: supported picks the newest long-term
+    # branch for Hopper (620), so the cu130 row (driver_branch 580) still means a new module.
+    h = host(gpu, smi="h100-8x.nvidia-smi", secure_boot=True)
+    msg = sb_problem(stack, rows, h, torch="2.14.1", variant="cu130")
+    assert "for torch 2.14.1 cu130 driver 580.95.05 would be replaced by branch 620" in msg
+    # An older GPU elsewhere in the cluster keeps every host on a branch that runs it (580).
+    other = host(gpu, "node2", smi="v100.nvidia-smi", driver_version="580.95.05")
+    assert pick(stack, rows, [h, other], torch="2.14.1", variant="cu126")["problems"] == {}
+
+
+def test_secure_boot_guard_counts_a_point_upgrade(stack, gpu, rows):
+    # H100 on 580.65.06, the cu130 row and policy stack: same branch as the
+    # row (a46a43a saw no change), but the plan brings 580 to its newest point
+    # release (at least the catalogue's 580.95.05): DKMS builds a new module.
+    h = host(gpu, smi="h100-8x.nvidia-smi", secure_boot=True, driver_version="580.65.06")
+    h["driver_plan"]["policy"] = "stack"
+    msg = sb_problem(stack, rows, h, torch="2.14.1", variant="cu130")
+    assert (
+        "node1: Secure Boot is on and no DKMS signing key was found; for torch 2.14.1 cu130 driver 580.65.06 "
+        "would be upgraded to the newest point release of branch 580"
+    ) in msg
+    h["signing_key"], h["signing_key_enrolled"] = "/var/lib/dkms/mok.pub", True
+    assert sb_problem(stack, rows, h, torch="2.14.1", variant="cu130") == ""
+
+
+def test_secure_boot_guard_counts_nvidia_driver_update(stack, gpu, rows):
+    # On the catalogue's 580.95.05 nothing changes, until nvidia_driver_update
+    # asks for the branch's newest point release: a new module again.
+    h = host(gpu, smi="h100-8x.nvidia-smi", secure_boot=True, signing_key="/var/lib/dkms/mok.pub")
+    h["driver_plan"].update(policy="stack")
+    assert sb_problem(stack, rows, h, torch="2.14.1", variant="cu130") == ""
+    h["driver_plan"]["update"] = True
+    msg = sb_problem(stack, rows, h, torch="2.14.1", variant="cu130")
+    assert (
+        "node1: Secure Boot is on and the key /var/lib/dkms/mok.pub is not enrolled; for torch 2.14.1 cu130 "
+        "driver 580.95.05 would be upgraded to the newest point release of branch 580 (nvidia_driver_update)"
+    ) in msg
+    # A version named by hand and already installed: update changes nothing.
+    h["driver_plan"].update(branch="580", version="580.95.05-1")
+    assert sb_problem(stack, rows, h, torch="2.14.1", variant="cu130") == ""
 
 
 def test_gpu_group_without_gpu(stack, gpu, rows):

@@ -60,7 +60,8 @@ RETURN = r"""
 plan:
   description: branch, version, upstream, pin, why, kept, kernel_modules, nvswitches, nvlink5_bridges,
     fabricmanager, nvlsm, fabric_kernel_modules, driver_packages, pinning_packages, fabric_packages,
-    versioned_packages, other_packages, hold, stale_packages, change, to_change, installed, kernel_headers_meta.
+    versioned_packages, other_packages, hold, stale_packages, change, module_change, to_change, installed,
+    kernel_headers_meta.
   type: dict
   returned: always
 """

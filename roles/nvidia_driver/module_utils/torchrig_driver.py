@@ -432,6 +432,107 @@ def _slot(pci_bus_id):
     return pci_bus_id.split(":", 1)[1] if pci_bus_id.count(":") == 2 else pci_bus_id
 
 
+def running_driver(version):
+    """The driver a host runs (nvidia-smi's or /proc/driver/nvidia/version's
+    '580.95.05'), as installed_driver describes one; the flavour is not told
+    (None: taken to be the one the plan picks). None without a version."""
+    if not version:
+        return None
+    upstream = upstream_version(version)
+    version_tuple(upstream)
+    return {"package": "", "version": upstream, "upstream": upstream, "branch": upstream.split(".")[0], "flavor": None}
+
+
+def driver_decision(
+    *,
+    catalogue,
+    policy,
+    floor,
+    host_ccs,
+    cluster_ccs,
+    gpu_names=(),
+    have=None,
+    kernel_modules_override="auto",
+    branch_max="",
+    branch="",
+    version="",
+    stack=None,
+    downgrade=False,
+    update=False,
+):
+    """The one decision of which driver a host ends up with, shared by the plan
+    (have: the installed kernel module package, from installed_driver) and
+    preflight's Secure Boot guard (have: the running driver, running_driver).
+
+    Returns {'chosen': the policy's choice, 'target': {'branch', 'version',
+    'upstream', 'flavor', 'kept', 'why'}, 'exact', 'flavor_why',
+    'module_change': why the nvidia kernel module is rebuilt or replaced ('':
+    it is not)}. A module change is a first install, another branch, another
+    flavour, another point release (below the catalogue's, or not the one named
+    in nvidia_driver_version), or nvidia_driver_update's newest point release:
+    each is a new DKMS build, which Secure Boot loads only when signed."""
+    cluster_ccs = sorted(set(cluster_ccs) | set(host_ccs), key=cc_tuple)
+    flavor, flavor_why = kernel_modules(host_ccs, gpu_names, kernel_modules_override)
+    chosen = choose_branch(catalogue, policy, floor, cluster_ccs, branch_max, branch, version, stack)
+    target = dict(chosen, upstream=upstream_version(chosen["version"]), flavor=flavor, kept=False)
+    exact = bool(version)
+    if have and have.get("flavor") is None:
+        have = dict(have, flavor=flavor)
+
+    # Never downgrade a driver that already runs the stack: moving a host from
+    # R595 back to R580 means a reboot and older fixes for nothing.
+    if (
+        have
+        and not downgrade
+        and version_tuple(have["upstream"]) >= version_tuple(floor)
+        and int(have["branch"]) > int(target["branch"])
+        and (kernel_modules_override == "auto" or have["flavor"] == flavor)
+        and (have["flavor"] == flavor or not _flavor_required(host_ccs, gpu_names))
+    ):
+        target.update(
+            branch=have["branch"],
+            version=have["version"],
+            upstream=have["upstream"],
+            flavor=have["flavor"],
+            kept=True,
+            why="installed {} is newer than {} {} and meets the minimum {}: kept, not downgraded".format(
+                have["upstream"], chosen["branch"], chosen["why"], floor
+            ),
+        )
+        exact = False
+    return {
+        "chosen": chosen,
+        "target": target,
+        "exact": exact,
+        "flavor_why": flavor_why,
+        "module_change": _module_change(target, have, exact, update),
+    }
+
+
+def _module_change(target, have, exact, update):
+    branch, upstream = str(target["branch"]), target["upstream"]
+    if target["kept"]:
+        return ""
+    if not have:
+        return f"no NVIDIA driver is installed: branch {branch} ({target['why']}) would be built"
+    if str(have["branch"]) != branch:
+        return f"driver {have['upstream']} would be replaced by branch {branch} ({target['why']})"
+    if have["flavor"] != target["flavor"]:
+        return "driver {}'s {} kernel modules would be replaced by the {} ones".format(
+            have["upstream"], have["flavor"], target["flavor"]
+        )
+    if exact and have["upstream"] != upstream:
+        return f"driver {have['upstream']} would be replaced by {upstream} (nvidia_driver_version)"
+    if not exact and version_tuple(have["upstream"]) < version_tuple(upstream):
+        return f"driver {have['upstream']} would be upgraded to the newest point release of branch {branch}"
+    if update and not exact:
+        return (
+            f"driver {have['upstream']} would be upgraded to the newest point release of branch {branch} "
+            "(nvidia_driver_update)"
+        )
+    return ""
+
+
 def plan(
     *,
     catalogue,
@@ -473,33 +574,24 @@ def plan(
             "no driver packages are named for {} in nvidia_driver_packages_by_os (it has {}); expected an entry "
             "for this distribution".format(distribution, ", ".join(packages_by_os) or "none")
         )
-    flavor, flavor_why = kernel_modules(host_ccs, gpu_names, kernel_modules_override)
-    chosen = choose_branch(catalogue, policy, floor, cluster_ccs, branch_max, branch, version, stack)
-    target = dict(chosen, upstream=upstream_version(chosen["version"]), flavor=flavor, kept=False)
-    exact = bool(version)
-
-    # Never downgrade a driver that already runs the stack: moving a host from
-    # R595 back to R580 means a reboot and older fixes for nothing.
     have = installed_driver(installed)
-    if (
-        have
-        and not downgrade
-        and version_tuple(have["upstream"]) >= version_tuple(floor)
-        and int(have["branch"]) > int(target["branch"])
-        and (kernel_modules_override == "auto" or have["flavor"] == flavor)
-        and (have["flavor"] == flavor or not _flavor_required(host_ccs, gpu_names))
-    ):
-        target.update(
-            branch=have["branch"],
-            version=have["version"],
-            upstream=have["upstream"],
-            flavor=have["flavor"],
-            kept=True,
-            why="installed {} is newer than {} {} and meets the minimum {}: kept, not downgraded".format(
-                have["upstream"], chosen["branch"], chosen["why"], floor
-            ),
-        )
-        exact = False
+    d = driver_decision(
+        catalogue=catalogue,
+        policy=policy,
+        floor=floor,
+        host_ccs=host_ccs,
+        cluster_ccs=cluster_ccs,
+        gpu_names=gpu_names,
+        have=have,
+        kernel_modules_override=kernel_modules_override,
+        branch_max=branch_max,
+        branch=branch,
+        version=version,
+        stack=stack,
+        downgrade=downgrade,
+        update=update,
+    )
+    chosen, target, exact, flavor_why = d["chosen"], d["target"], d["exact"], d["flavor_why"]
 
     names = driver_package_names(packages_by_os, distribution, target["branch"])
     driver_pkgs = names[target["flavor"]]
@@ -579,6 +671,9 @@ def plan(
         "hold": pinning + versioned + fm_other,
         "stale_packages": stale,
         "change": change,
+        # Why the nvidia kernel module is rebuilt or replaced ('': it is not);
+        # preflight's Secure Boot guard asks the same question (driver_decision).
+        "module_change": d["module_change"],
         "to_change": wrong + missing + stale or (["the newest point release of " + target["branch"]] if change else []),
     }
 

@@ -4,7 +4,10 @@ to the preflight role as filters."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import re
+from pathlib import Path
 
 import yaml
 
@@ -24,6 +27,17 @@ STRING_KEYS = ("torch", "torchvision", "variant") + GPU_KEYS
 VERSION_RE = re.compile(r"^\d+(\.\d+)+$")
 CC_RE = re.compile(r"^\d+\.\d+$")
 GIB = 1024**3
+# The nvidia_driver role's plan, read by path (one copy): the Secure Boot guard
+# asks it which driver a host ends up with instead of deciding a second time.
+DRIVER_PLAN_PY = Path(__file__).resolve().parents[2] / "nvidia_driver" / "module_utils" / "torchrig_driver.py"
+
+
+@functools.cache
+def driver_plan_module():
+    spec = importlib.util.spec_from_file_location("torchrig_stack_driver_plan", DRIVER_PLAN_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def version_tuple(text):
@@ -190,13 +204,52 @@ def host_only_problems(host):
     return problems
 
 
-def _driver_change_needed(host, row):
-    installed = host.get("driver_version")
-    return not installed or installed.split(".")[0] != row["driver_branch"]
+def _flag(value):
+    return value is True or str(value).strip().lower() in ("true", "yes", "1", "on")
 
 
-def row_problems(row, host):
-    """Why this host cannot take this row (empty: it can)."""
+def module_change(host, row, cluster_ccs=()):
+    """Why the nvidia_driver role would rebuild or replace this host's nvidia
+    kernel module for this row ('': it would not), asked of the role's own
+    plan (torchrig_driver.driver_decision) with the role's settings
+    (host['driver_plan']: policy, branches, branch, version, branch_max,
+    update, downgrade, kernel_modules) and the running driver. Any change
+    counts: another branch (the policy's, which need not be the row's
+    driver_branch), another point release (nvidia_driver_update's included),
+    a first install."""
+    drv = driver_plan_module()
+    settings = host.get("driver_plan") or {}
+    gpus = host.get("gpus") or []
+    host_ccs = sorted({g["compute_capability"] for g in gpus if g.get("compute_capability")})
+    branch_max = settings.get("branch_max", host.get("driver_branch_max"))
+    try:
+        if not settings.get("branches"):
+            raise drv.PlanError("no driver_branches were given to preflight (driver_plan.branches)")
+        decision = drv.driver_decision(
+            catalogue=settings["branches"],
+            policy=settings.get("policy") or "supported",
+            floor=row["min_driver"],
+            host_ccs=host_ccs,
+            cluster_ccs=list(cluster_ccs) or host_ccs,
+            gpu_names=[g.get("name") or "" for g in gpus],
+            have=drv.running_driver(host.get("driver_version")),
+            kernel_modules_override=settings.get("kernel_modules") or "auto",
+            branch_max=str(branch_max or ""),
+            branch=str(settings.get("branch") or ""),
+            version=str(settings.get("version") or ""),
+            stack={"branch": row["driver_branch"], "version": row["driver_version"]},
+            downgrade=_flag(settings.get("downgrade")),
+            update=_flag(settings.get("update")),
+        )
+    except drv.PlanError as e:
+        # The role would stop on this too; until it can say, a change is assumed.
+        return f"the nvidia_driver plan cannot tell which driver it installs ({e}), so a new one is assumed"
+    return decision["module_change"]
+
+
+def row_problems(row, host, cluster_ccs=()):
+    """Why this host cannot take this row (empty: it can). cluster_ccs: every
+    GPU of the cluster (the driver policy's branch must run them all)."""
     name = host["name"]
     problems = []
     if host.get("os") not in row["os"]:
@@ -250,23 +303,27 @@ def row_problems(row, host):
                     name, label(row), row["driver_branch"], branch_max
                 )
             )
-        if (
-            host.get("secure_boot")
-            and _driver_change_needed(host, row)
-            and not (host.get("signing_key") and host.get("signing_key_enrolled"))
-        ):
+        signing_ready = host.get("signing_key") and host.get("signing_key_enrolled")
+        change = module_change(host, row, cluster_ccs) if host.get("secure_boot") and not signing_ready else ""
+        if change:
             key = host.get("signing_key")
             found = (f"the key {key} is not enrolled") if key else "no DKMS signing key was found"
             problems.append(
-                f"{name}: Secure Boot is on and {found}, so the DKMS-built nvidia {row['driver_branch']} modules "
-                "would not load. Needs: a DKMS signing key enrolled with `mokutil --import` (then a reboot to "
-                "confirm it), or Secure Boot off."
+                f"{name}: Secure Boot is on and {found}; for {label(row)} {change}, and the newly DKMS-built "
+                "nvidia modules would not load. Needs: a DKMS signing key enrolled with `mokutil --import` (then "
+                "a reboot to confirm it), or Secure Boot off."
             )
     return problems
 
 
-def host_problems(row, host):
-    return host_only_problems(host) + row_problems(row, host)
+def host_problems(row, host, cluster_ccs=()):
+    return host_only_problems(host) + row_problems(row, host, cluster_ccs)
+
+
+def cluster_compute_capabilities(hosts):
+    """Every GPU's compute capability on every host, as the nvidia_driver role
+    gives its plan (nvidia_driver_cluster_compute_capabilities)."""
+    return sorted({g["compute_capability"] for h in hosts for g in h.get("gpus") or [] if g.get("compute_capability")})
 
 
 # ---------------------------------------------------------------- the choice
@@ -290,6 +347,7 @@ def select_stack(rows, hosts, torch=None, variant=None):
     Returns {'row': row or None, 'problems': {host: [messages]}, 'profiles': {host: gpu|cpu}}.
     """
     profiles = {h["name"]: profile(h) for h in hosts}
+    ccs = cluster_compute_capabilities(hosts)
     any_gpu = "gpu" in profiles.values()
     torch = str(torch) if torch else None
     cands = [r for r in rows if (not torch or r["torch"] == torch) and (not variant or r["variant"] == variant)]
@@ -310,14 +368,14 @@ def select_stack(rows, hosts, torch=None, variant=None):
     cands = _order(cands, cpu_first=not any_gpu)
 
     for row in cands:
-        if not any(host_problems(row, h) for h in hosts):
+        if not any(host_problems(row, h, ccs) for h in hosts):
             return {"row": row, "problems": {}, "profiles": profiles}
 
     problems = {}
     preferred = cands[0]
     for h in hosts:
-        accepts = [label(r) for r in cands if not host_problems(r, h)]
-        p = host_problems(preferred, h)
+        accepts = [label(r) for r in cands if not host_problems(r, h, ccs)]
+        p = host_problems(preferred, h, ccs)
         if p:
             if accepts and len(cands) > 1:
                 p = p + ["{} would accept {}.".format(h["name"], ", ".join(accepts))]
