@@ -22,7 +22,7 @@ SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/m
 # Runs a test stage and records its wall time when TORCHRIG_STAGES names a file.
 STAGE := .ci/stage
 
-.PHONY: help setup venv host image up down demo test check lint pytest molecule clean
+.PHONY: help setup venv host image up down demo test check lint pytest molecule molecule-cluster molecule-roles clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -88,7 +88,13 @@ demo: ## Set up, start 2 nodes, provision them, train across both, print the res
 	ansible-playbook provision.yml
 	ansible-playbook train.yml -e nodes=2
 
-test: setup lint pytest molecule ## All tests: lint, Python tests, every molecule scenario
+# The Python tests and the role scenarios side by side (each leaves about half
+# of 2 cores idle: waiting on SSH, apt and child processes), their outputs
+# printed whole as each ends; then the cluster scenario alone (its faults are
+# timed).
+test: setup lint ## All tests: lint, Python tests, every molecule scenario
+	$(MAKE) --no-print-directory -j2 --output-sync=target pytest molecule-roles
+	$(MAKE) --no-print-directory molecule-cluster
 
 check: ## Quick loop while developing: lint, Python tests, the common scenario (2 nodes)
 	$(MAKE) test SCENARIOS=common
@@ -102,11 +108,17 @@ pytest: setup ## Python tests: the training package and the playbooks' logic
 	$(STAGE) pytest pytest -q --durations=15 training/tests tests
 
 # The cluster scenario runs alone (its faults are timed); the role scenarios
-# then run MOLECULE_JOBS at a time (molecule/shared/run-scenarios.sh).
+# run MOLECULE_JOBS at a time (molecule/shared/run-scenarios.sh).
 MOLECULE_JOBS ?= 2
 
-molecule: image ## Molecule scenarios: all, or SCENARIOS="a b"; the cluster one alone, the others MOLECULE_JOBS (2) at a time
+molecule: ## Molecule scenarios: all, or SCENARIOS="a b"; the cluster one alone, then the others MOLECULE_JOBS (2) at a time
+	$(MAKE) --no-print-directory molecule-cluster
+	$(MAKE) --no-print-directory molecule-roles
+
+molecule-cluster: image
 	for s in $(filter cluster,$(SCENARIOS)); do $(STAGE) "molecule $$s" molecule/shared/run-scenario.sh $$s || exit 1; done
+
+molecule-roles: image
 	molecule/shared/run-scenarios.sh $(MOLECULE_JOBS) $(filter-out cluster,$(SCENARIOS))
 
 clean: down ## Remove the local cluster and the link to the controller venv (its cache stays)
