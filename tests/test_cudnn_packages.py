@@ -30,11 +30,19 @@ def test_headers_package_from_cudnn_9_10(meta, version, expected):
     assert cudnn.cudnn_packages(meta, version) == expected
 
 
+def test_a_host_without_a_stack_row_has_no_cudnn_packages():
+    """A CPU host: the role's argument spec evaluates the default there too, and must not fail."""
+    assert cudnn.cudnn_packages("", "") == []
+
+
 @pytest.mark.parametrize(
     "meta,version,needle",
     [
         ("libcudnn9-cuda-13", "9.13.0.50-1", "'libcudnn9-cuda-13' is not a cuDNN meta package name; expected one like"),
         ("cudnn9-cuda-13", "latest", "cuda_cudnn_version 'latest' is not a package version; expected one like"),
+        ("cudnn9-cuda-13\n", "9.13.0.50-1", "is not a cuDNN meta package name"),
+        ("cudnn9-cuda-13", "9.13.0.50-1\n", "is not a package version"),
+        ("", "9.13.0.50-1", "'' is not a cuDNN meta package name"),
     ],
 )
 def test_bad_input_is_named(meta, version, needle):

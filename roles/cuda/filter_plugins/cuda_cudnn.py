@@ -17,17 +17,20 @@ from __future__ import annotations
 import re
 
 HEADERS_FROM = (9, 10)
-_META = re.compile(r"^cudnn(?P<major>\d+)-cuda-(?P<cuda>\d+)$")
+_META = re.compile(r"cudnn(?P<major>\d+)-cuda-(?P<cuda>\d+)")
 
 
 def cudnn_packages(meta, version):
     """'cudnn9-cuda-13', '9.13.0.50-1' -> the meta, lib, dev (and, from 9.10, headers) packages."""
     meta, version = str(meta), str(version)
-    if not _META.match(meta):
+    # A CPU host has no stack row: the role's argument spec still evaluates this default there.
+    if not meta and not version:
+        return []
+    if not _META.fullmatch(meta):
         raise ValueError(
             f"cuda_cudnn_package {meta!r} is not a cuDNN meta package name; expected one like cudnn9-cuda-13"
         )
-    m = re.match(r"^(\d+)\.(\d+)", version)
+    m = re.fullmatch(r"(\d+)\.(\d+)[\w.+~-]*", version)
     if not m:
         raise ValueError(f"cuda_cudnn_version {version!r} is not a package version; expected one like 9.13.0.50-1")
     packages = [meta, "lib" + meta, "lib" + meta.replace("-cuda-", "-dev-cuda-")]

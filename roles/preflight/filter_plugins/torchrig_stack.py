@@ -90,16 +90,17 @@ def _row_errors(i, row):
 
 
 def load_matrix(text, source="compat_matrix.yml"):
-    """Parse and check the matrix file; returns {'rows': [...], 'errors': [...]}."""
+    """Parse and check the matrix file; returns {'rows': [...], 'errors': [...], 'driver_branches': [...]}."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e)
-        return {"rows": [], "errors": [f"{source} is not valid YAML{where}: {problem}"]}
+        return {"rows": [], "errors": [f"{source} is not valid YAML{where}: {problem}"], "driver_branches": []}
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or not data["rows"]:
-        return {"rows": [], "errors": [f"{source} must be a mapping with a non-empty list under the key rows"]}
+        return {"rows": [], "errors": [f"{source} must be a mapping with a non-empty list under the key rows"],
+                "driver_branches": []}
     errors = []
     seen = set()
     pythons, python_errors = _torch_python(data.get("torch_python"), source)
@@ -120,7 +121,8 @@ def load_matrix(text, source="compat_matrix.yml"):
                 )
             # Each row carries its release's Python versions: row_problems judges a host by the row alone.
             rows.append({**row, "python": (pythons or {}).get(release, [])})
-    return {"rows": rows if not errors else [], "errors": errors}
+    branches = data.get("driver_branches") or []
+    return {"rows": rows if not errors else [], "errors": errors, "driver_branches": branches if not errors else []}
 
 
 def torch_release(version):
