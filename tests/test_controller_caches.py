@@ -174,7 +174,8 @@ def test_two_checkouts_setting_up_at_once_build_the_shared_venv_once(tmp_path: P
     checkouts = [tmp_path / "a", tmp_path / "b"]
     for checkout in checkouts:
         (checkout / "training").mkdir(parents=True)
-        for name in ("Makefile", "requirements.txt", "training/pyproject.toml"):
+        (checkout / "playbooks/files").mkdir(parents=True)
+        for name in ("Makefile", "requirements.txt", "training/pyproject.toml", "playbooks/files/controller_python.py"):
             (checkout / name).write_bytes((ROOT / name).read_bytes())
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home), "SETUP_LOG": str(log)}
     env.pop("MAKEFLAGS", None)
