@@ -88,12 +88,12 @@ demo: ## Set up, start 2 nodes, provision them, train across both, print the res
 	ansible-playbook provision.yml
 	ansible-playbook train.yml -e nodes=2
 
-# The Python tests and the role scenarios side by side (each leaves about half
+# Lint, the Python tests and the role scenarios side by side (each leaves much
 # of 2 cores idle: waiting on SSH, apt and child processes), their outputs
 # printed whole as each ends; then the cluster scenario alone (its faults are
 # timed).
-test: setup lint ## All tests: lint, Python tests, every molecule scenario
-	$(MAKE) --no-print-directory -j2 --output-sync=target pytest molecule-roles
+test: setup ## All tests: lint, Python tests, every molecule scenario
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint pytest molecule-roles
 	$(MAKE) --no-print-directory molecule-cluster
 
 check: ## Quick loop while developing: lint, Python tests, the common scenario (2 nodes)
