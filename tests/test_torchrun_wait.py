@@ -92,7 +92,10 @@ def test_a_job_running_past_the_wait_is_reported_running_not_failed(node: Path, 
     proc, waited = wait(node, tmp_path, "long", seconds=120, poll=0.5, timeout=4)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert waited is not None and waited["running"], waited
-    assert re.search(r"Job long is still running on node1 after\s+4 s", proc.stdout), proc.stdout[-3000:]
+    # The report gives the seconds it waited: the 4 s asked for, or a little more on a loaded
+    # machine (5 in one CI run), never the job's 120 s.
+    reported = re.search(r"Job long is still running on node1 after\s+(\d+) s", proc.stdout)
+    assert reported and 4 <= int(reported[1]) < 60, proc.stdout[-3000:]
     assert "playbooks/status.yml -e job=long" in proc.stdout
     # The wait ending left the job running under systemd.
     state = run(["podman", "exec", f"{NAME}-node1", "systemctl", "is-active", "torchrig-job@long.service"]).stdout
