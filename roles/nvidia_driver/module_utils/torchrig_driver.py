@@ -402,8 +402,12 @@ def peermem(setting, adapters=(), bridges=(), peer_memory=False, flavor="", kern
     /sys/kernel/mm/memory_peers; inbox kernels lack it and the module fails
     to load at every boot), and no DMA-BUF: with the open kernel modules on
     Linux 5.12 or newer NCCL uses DMA-BUF, which NVIDIA recommends over
-    nvidia-peermem (GPU Operator docs, "GPUDirect RDMA": DMA-BUF needs the
-    open modules and kernel 5.12+; CUDA docs, "GPUDirect RDMA")."""
+    nvidia-peermem ("NVIDIA recommends using the DMA-BUF rather than using the
+    nvidia-peermem kernel module": GPU Operator docs, "GPUDirect RDMA and
+    GPUDirect Storage",
+    https://docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/gpu-operator-rdma.html;
+    DMA-BUF needs the open modules and kernel 5.12+; the peer-memory API:
+    https://docs.nvidia.com/cuda/gpudirect-rdma/index.html)."""
     if isinstance(setting, bool):
         setting = "always" if setting else "never"
     setting = str(setting).lower()
