@@ -1,9 +1,9 @@
-"""Renders the compatibility matrix as the README's Markdown table.
+"""Renders the compatibility matrix as the Markdown table in roles/preflight/README.md.
 
   python tests/matrix_table.py           # print the table
-  python tests/matrix_table.py --write   # replace the block between the README's markers
+  python tests/matrix_table.py --write   # replace the block between the markers in roles/preflight/README.md
 
-tests/test_matrix_table.py fails when README.md's block differs from this output.
+tests/test_matrix_table.py fails when roles/preflight/README.md's block differs from this output.
 """
 
 import sys
@@ -13,7 +13,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX = ROOT / "roles" / "preflight" / "files" / "compat_matrix.yml"
-README = ROOT / "README.md"
+README = ROOT / "roles/preflight/README.md"
 START, END = "<!-- matrix:start -->", "<!-- matrix:end -->"
 
 HEADER = (

@@ -1,4 +1,4 @@
-"""README.md's matrix table is the one generated from compat_matrix.yml."""
+"""roles/preflight/README.md's matrix table is the one generated from compat_matrix.yml."""
 
 import yaml
 from matrix_table import MATRIX, README, block, render, table
@@ -6,8 +6,8 @@ from matrix_table import MATRIX, README, block, render, table
 
 def test_readme_table_matches_matrix():
     current = block(README.read_text())
-    assert current is not None, "README.md lacks the <!-- matrix:start --> / <!-- matrix:end --> markers"
-    stale = "README's matrix table is stale: run python tests/matrix_table.py --write"
+    assert current is not None, f"{README} lacks the <!-- matrix:start --> / <!-- matrix:end --> markers"
+    stale = "roles/preflight/README.md's matrix table is stale: run python tests/matrix_table.py --write"
     assert current.strip() == table().strip(), stale
 
 

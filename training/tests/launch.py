@@ -44,7 +44,7 @@ def free_port() -> int:
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
     # Without it a restarted group often fails in Gloo's connectFullMesh (the agent's
-    # shared store is gone); see DESIGN.md, "The torchrun service", and pytorch#135712.
+    # shared store is gone; pytorch#135712); training/README.md, "Tests", has the figures.
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
     return env
