@@ -202,7 +202,7 @@ class AptRoot:
             out.append(f"{name}={match[0]}")  # madison lists the newest first
         return out
 
-    def download(self, host: str, packages: list[str], recommends: bool) -> dict[str, str]:
+    def download(self, host: str, packages: list[str], recommends: bool) -> dict[str, int]:
         """Download what the node lacks into the shared archives (the caller holds their lock).
 
         Returns {file name in the archives: its size} for each .deb the node needs. apt checks
