@@ -2,26 +2,38 @@
 # molecule/shared/run-scenario.sh NAME: `molecule test -s NAME` with a deadline.
 # A scenario that hangs (a job that never ends, a node that stopped answering)
 # fails after TORCHRIG_SCENARIO_TIMEOUT seconds (default 1500, about twice the
-# slowest scenario on a slow day) instead of using up CI's whole run. Before
-# its nodes are removed, their jobs' units and journals are printed and kept in
-# TORCHRIG_SCENARIO_JOURNALS, so that the reason can be read afterwards.
+# slowest scenario on a slow day) instead of using up CI's whole run. When a
+# scenario fails for any reason, its nodes are kept until their jobs' units,
+# journals and firewall counters are printed and kept in
+# TORCHRIG_SCENARIO_JOURNALS: an intermittent failure can then be read
+# afterwards, not only reproduced.
 set -uo pipefail
 scenario=$1
 limit=${TORCHRIG_SCENARIO_TIMEOUT:-1500}
-journals=${TORCHRIG_SCENARIO_JOURNALS:-${TMPDIR:-/tmp}/torchrig-scenario-journals.log}
+journals=${TORCHRIG_SCENARIO_JOURNALS:-${TMPDIR:-/tmp}/torchrig-scenario-journals-$scenario.log}
 
-timeout --kill-after=30 "$limit" molecule test -s "$scenario"
+# --destroy=never: the nodes outlive a failure long enough to be read; they
+# are removed below in every case.
+timeout --kill-after=30 "$limit" molecule test -s "$scenario" --destroy=never
 rc=$?
-if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+if [ "$rc" -ne 0 ]; then
   {
-    echo "=== molecule $scenario ran past ${limit}s; its nodes' jobs follow ==="
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+      echo "=== molecule $scenario ran past ${limit}s; its nodes' jobs follow ==="
+    else
+      echo "=== molecule $scenario failed (exit $rc); its nodes' jobs follow ==="
+    fi
     for node in $(podman ps --format '{{.Names}}' | grep "^torchrig-m-$scenario-"); do
       echo "--- $node"
-      podman exec "$node" sh -c \
-        'systemctl list-units "torchrig-job@*" --all --no-pager --plain; journalctl -u "torchrig-job@*" --no-pager -n 300 -o short-iso'
+      podman exec "$node" sh -c '
+        systemctl list-units "torchrig-job@*" --all --no-pager --plain
+        journalctl -u "torchrig-job@*" --no-pager -n 300 -o short-iso
+        echo "--- $(hostname): nftables counters"
+        nft list table inet torchrig 2>&1 | grep -E "counter|dport|saddr" | head -40'
     done
-  } 2>&1 | tee "$journals"
-  molecule destroy -s "$scenario" > /dev/null 2>&1
-  echo "molecule $scenario ran past ${limit}s (TORCHRIG_SCENARIO_TIMEOUT); the nodes' journals are in $journals"
+  } > "$journals" 2>&1
+  tail -n 400 "$journals"
+  echo "molecule $scenario failed (exit $rc); its nodes' journals are in $journals"
 fi
+molecule destroy -s "$scenario" > /dev/null 2>&1
 exit "$rc"
