@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from .records import read_records
 
 
 def plot_metrics(metrics_file: Path, out_png: Path) -> None:
@@ -13,7 +14,7 @@ def plot_metrics(metrics_file: Path, out_png: Path) -> None:
     matplotlib.use("Agg")  # no display on a cluster node
     import matplotlib.pyplot as plt
 
-    records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
+    records, _ = read_records(metrics_file)
     train = [r for r in records if r["split"] == "train"]
     evals = [r for r in records if r["split"] == "eval"]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))

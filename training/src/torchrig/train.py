@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 from . import checkpoint, dist, export
+from . import records as records_file
 from .config import Config, parse_config
 from .data import Data, UsageError, load_dataset
 from .dist import DistEnv
@@ -121,10 +122,12 @@ class Outputs:
         """
         if not self.metrics.exists():
             return
-        keep = [line for line in self.metrics.read_text().splitlines() if line and (
-            (r := json.loads(line))["step"] < start_step
-            or (r["step"] == start_step and r["split"] == "train"))]
-        self.metrics.write_text("".join(line + "\n" for line in keep))
+        # A line cut short (a full disk, a power loss) is skipped and reported, not fatal:
+        # the checkpoints are good, and a resume that failed on it would fail every time.
+        records, _ = records_file.read_records(self.metrics)
+        keep = [r for r in records
+                if r["step"] < start_step or (r["step"] == start_step and r["split"] == "train")]
+        records_file.write_atomic(self.metrics, "".join(json.dumps(r) + "\n" for r in keep))
 
     def record(self, rec: dict[str, Any]) -> None:
         self.file.write(json.dumps(rec) + "\n")
