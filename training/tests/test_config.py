@@ -109,6 +109,11 @@ def test_check_settings_accepts_good_values():
     ({"batch-size": 0}, "batch-size must be an integer >= 1, got '0'"),
     ({"data_dir": None}, "data_dir must be a single value, got None"),
     ({"epochs": [1, 2]}, "epochs must be a single value, got [1, 2]"),
+    ({"synthetic_shape": "3x32"}, "synthetic_shape must be CxHxW with C 1 to 4 and H = W from "
+                                  "8 to 256, e.g. 3x32x32, got '3x32'"),
+    ({"synthetic_shape": "3x32x16"}, "synthetic_shape must be CxHxW with C 1 to 4 and H = W "
+                                     "from 8 to 256, e.g. 3x32x32, got '3x32x16'"),
+    ({"synthetic_samples": 4}, "synthetic_samples must be an integer >= 8, got '4'"),
 ])
 def test_check_settings_says_what_is_allowed(values, message):
     assert check_settings(values) == [message]

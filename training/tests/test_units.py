@@ -204,6 +204,21 @@ def test_resnet18_sgd_channels_last_on_digits(tmp_path: Path):
     assert s["steps"] == 3 and s["model"] == "resnet18" and 0 <= s["accuracy"] <= 1
 
 
+
+def test_synthetic_shape_and_samples_are_trainer_options(tmp_path: Path):
+    """bench/gpu_check.py trains resnet18 on CIFAR-10-shaped synthetic images through
+    these flags; torchrig-eval regenerates the same images from the model's metadata."""
+    from torchrig import evaluate, export
+
+    s = run_trainer(tmp_path, "--dataset", "synthetic", "--synthetic-shape", "3x16x16",
+                    "--synthetic-samples", "64", "--max-steps", "2", "--batch-size", "16")
+    meta = export.read_meta(tmp_path)
+    assert meta["input_shape"] == [3, 16, 16] and meta["held_out_samples"] == 16
+    again = evaluate.run(tmp_path, torch.device("cpu"), "data", 500)
+    assert again["accuracy"] == pytest.approx(s["accuracy"], abs=1e-6)
+    default = data.load_dataset("synthetic")
+    assert tuple(default.train_x.shape) == (4096, 1, 28, 28) and len(default.test_y) == 1024
+
 # --- clock offset (health.yml) ----------------------------------------------------------
 
 def _free_port() -> int:

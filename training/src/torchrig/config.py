@@ -17,6 +17,7 @@ string annotations up in sys.modules, where a module loaded by path may not be.
 
 import argparse
 import dataclasses
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,19 @@ def number(kind: type, low: float | None = None, low_open: bool = False,
     return parse
 
 
+def image_shape(text: str) -> str:
+    """An argparse `type` for CxHxW ("3x32x32"): 1 to 4 channels, square images of 8 to
+    256 px (both models take square images)."""
+    allowed = "CxHxW with C 1 to 4 and H = W from 8 to 256, e.g. 3x32x32"
+    m = re.fullmatch(r"([0-9]+)x([0-9]+)x([0-9]+)", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}")
+    c, h, w = (int(v) for v in m.groups())
+    if not (1 <= c <= 4 and h == w and 8 <= h <= 256):
+        raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}")
+    return f"{c}x{h}x{w}"
+
+
 def setting(default: Any, group: str, help: str, *, parse: Callable[[str], Any] | None = None,
             choices: tuple[str, ...] | None = None, flag: str | None = None) -> Any:
     """A Config field and its flag: `parse` checks a value given as text (None: any text),
@@ -80,6 +94,14 @@ class Config:
         "cnn", DATA, choices=MODELS,
         help="cnn: a small 2-conv network; resnet18: torchvision's, adapted to the input "
         "channels, size and classes")
+    synthetic_shape: str = setting(
+        "1x28x28", DATA, parse=image_shape,
+        help="image shape of --dataset synthetic, CxHxW (synthetic only; 3x32x32 is "
+        "CIFAR-10's)")
+    synthetic_samples: int = setting(
+        4096, DATA, parse=number(int, 8),
+        help="training images of --dataset synthetic; a quarter as many are held out "
+        "(synthetic only)")
     epochs: int = setting(6, TRAINING, parse=number(int, 1), help="passes over the data")
     max_steps: int = setting(
         0, TRAINING, parse=number(int, 0),

@@ -113,12 +113,13 @@ def load_digits() -> Data:
     return _make(x[tr], y[tr], x[te], y[te], 10)
 
 
-def load_synthetic(n_train: int = 4096, n_test: int = 1024, classes: int = 10) -> Data:
+def load_synthetic(n_train: int = 4096, n_test: int = 1024, classes: int = 10,
+                   shape: tuple[int, int, int] = (1, 28, 28)) -> Data:
     """Noisy copies of one random template per class: learnable, but not in one step."""
     g = torch.Generator().manual_seed(SPLIT_SEED)
-    templates = torch.randn(classes, 1, 28, 28, generator=g)
+    templates = torch.randn(classes, *shape, generator=g)
     y = torch.randint(0, classes, (n_train + n_test,), generator=g)
-    x = templates[y] + 2.0 * torch.randn(n_train + n_test, 1, 28, 28, generator=g)
+    x = templates[y] + 2.0 * torch.randn(n_train + n_test, *shape, generator=g)
     return _make(x[:n_train], y[:n_train], x[n_train:], y[n_train:], classes)
 
 
@@ -149,11 +150,15 @@ def load_torchvision(name: str, root: str, download: bool) -> Data:
                  [str(c) for c in train.classes])
 
 
-def load_dataset(name: str, data_dir: str = "data", download: bool = False) -> Data:
+def load_dataset(name: str, data_dir: str = "data", download: bool = False,
+                 synthetic_shape: str = "1x28x28", synthetic_samples: int = 4096) -> Data:
+    """`synthetic_shape` (CxHxW) and `synthetic_samples` (training images; a quarter as many
+    held out) shape --dataset synthetic only."""
     if name == "mnist5k":
         return load_mnist5k()
     if name == "digits":
         return load_digits()
     if name == "synthetic":
-        return load_synthetic()
+        c, h, w = (int(v) for v in synthetic_shape.split("x"))
+        return load_synthetic(synthetic_samples, max(1, synthetic_samples // 4), shape=(c, h, w))
     return load_torchvision(name, data_dir, download)

@@ -41,7 +41,9 @@ def run(run_dir: Path, device: torch.device, data_dir: str, batch_size: int) -> 
     from .train import evaluate  # the trainer's own evaluation: the same sums, the same result
 
     model, meta = load_model(run_dir, device)
-    data = load_dataset(meta["dataset"], data_dir, download=False)
+    data = load_dataset(meta["dataset"], data_dir, download=False,
+                        synthetic_shape=meta.get("synthetic_shape", "1x28x28"),
+                        synthetic_samples=meta.get("synthetic_samples", 4096))
     if list(data.test_x.shape[1:]) != list(meta["input_shape"]):
         raise ModelFileError(f"{run_dir}: the model takes {meta['input_shape']} images, dataset "
                              f"{meta['dataset']} here has {list(data.test_x.shape[1:])}")

@@ -376,7 +376,8 @@ class Trainer:
         fetch = cfg.download and env.local_rank == 0
         if cfg.download and not fetch:
             dist.barrier(env)
-        data = load_dataset(cfg.dataset, cfg.data_dir, fetch)
+        data = load_dataset(cfg.dataset, cfg.data_dir, fetch, cfg.synthetic_shape,
+                            cfg.synthetic_samples)
         if fetch:
             dist.barrier(env)
         return data.to(env.device)
@@ -586,6 +587,8 @@ class Trainer:
             "mean": data.mean, "std": data.std, "accuracy": accuracy, "loss": loss,
             "held_out_samples": len(data.test_y), "steps": p.step, "epochs": cfg.epochs,
             "precision": self.precision, "seed": cfg.seed, "torch": torch.__version__,
+            # What regenerates the same synthetic images for torchrig-eval.
+            "synthetic_shape": cfg.synthetic_shape, "synthetic_samples": cfg.synthetic_samples,
         })
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         try:
