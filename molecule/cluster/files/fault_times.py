@@ -20,7 +20,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-DETECTED = re.compile(r"failed \(exitcode|Timed out waiting|Connection reset|Connection closed by peer|Detected \d+ new nodes")
+DETECTED = re.compile(r"failed \(exitcode|Timed out waiting|Connection reset|Connection closed by peer"
+                      r"|Detected \d+ new nodes")
 RESUMED = re.compile(r"resumed from step (\d+)")
 ENDED = re.compile(r"INFO done: held-out|did not join within")
 STEP = re.compile(r"INFO train step (\d+) ")
