@@ -1,0 +1,105 @@
+"""Two jobs side by side, for molecule/cluster/tasks/isolation.yml: a target that trains
+(gloo all-reduces) until told to stop, and an intruder that tries the target from its own
+job, on every node, and writes what each try gave.
+
+    train.py target                      every rank writes its step to <run dir>/progress
+                                         on its node; all stop once <run dir>/stop exists
+                                         on any node (or after 600 s)
+    train.py intruder JOB HOST:PORT      tries job JOB (its env file, run directory,
+                                         settings, processes) and its rendezvous store at
+                                         HOST:PORT; writes TORCHRIG_OUTPUT_DIR/attacks.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+CONFIG_DIR = Path("/etc/torchrig/jobs")
+RUN_ROOT = Path("/var/lib/torchrig/runs")
+
+
+def target() -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    run_dir = Path(os.environ["TORCHRIG_RUN_DIR"])
+    started = time.monotonic()
+    step = 0
+    while True:
+        stop = float((run_dir / "stop").exists() or time.monotonic() - started > 600)
+        flag = torch.tensor([stop])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
+            break
+        step += 1
+        (run_dir / "progress.tmp").write_text(f"{step}\n")
+        (run_dir / "progress.tmp").replace(run_dir / "progress")
+        time.sleep(0.2)
+    dist.destroy_process_group()
+
+
+def attempt(action) -> str:
+    """'done: ...' when the try worked, else the error's class name."""
+    try:
+        return f"done: {action()}"[:200]
+    except OSError as error:
+        return type(error).__name__
+
+
+def connect(endpoint: str) -> str:
+    host, port = endpoint.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5):
+        return "connected"
+
+
+def processes_of(job: str) -> list[int]:
+    """Processes whose command line names job JOB (its torchrun and workers), as far as
+    /proc shows them to this user."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if f"--rdzv-id={job}" in cmdline or f"/{job}/" in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+def intruder(job: str, endpoint: str) -> None:
+    pids = processes_of(job)
+    result = {
+        "node": socket.gethostname(),
+        "uid": os.getuid(),
+        "env_file": attempt((CONFIG_DIR / f"{job}.env").read_text),
+        "settings": attempt((CONFIG_DIR / f"{job}.yaml").read_text),
+        "run_dir": attempt(lambda: sorted(os.listdir(RUN_ROOT / job))),
+        "progress": attempt((RUN_ROOT / job / "progress").read_text),
+        "jobs_listed": attempt(lambda: sorted(os.listdir(RUN_ROOT))),
+        "processes": pids,
+        # Signal 0 asks whether a signal would be delivered, without sending one; then a real SIGTERM.
+        "signal_0": [attempt(lambda pid=pid: os.kill(pid, 0)) for pid in pids],
+        "sigterm": [attempt(lambda pid=pid: os.kill(pid, signal.SIGTERM)) for pid in pids],
+        "store": attempt(lambda: connect(endpoint)),
+    }
+    out = Path(os.environ["TORCHRIG_OUTPUT_DIR"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "attacks.json").write_text(json.dumps(result, indent=1) + "\n")
+    print("intruder:", json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["target"]:
+        target()
+    elif sys.argv[1:2] == ["intruder"] and len(sys.argv) == 4:
+        intruder(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(f"usage: {sys.argv[0]} target | intruder JOB HOST:PORT")
