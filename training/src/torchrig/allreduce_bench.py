@@ -5,7 +5,8 @@
 For each message size: time = mean seconds per all_reduce (the slowest rank's mean),
 algbw = bytes / time, busbw = algbw * 2 (n - 1) / n. busbw is the figure to compare with
 the link speed: a ring all_reduce moves 2 (n - 1) / n times the message over each link,
-so busbw does not depend on the number of ranks n (nccl-tests' doc/PERFORMANCE.md).
+so busbw does not depend on the number of ranks n (nccl-tests' performance notes,
+https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md).
 """
 
 from __future__ import annotations
