@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from torchrig.contract import FILES
+
 LAUNCH_TIMEOUT = 180  # seconds for one training launch; a normal one takes 5-15 s here
 
 # The configuration every distributed test trains with: 2 ranks x 32 = global batch 64,
@@ -122,12 +124,12 @@ def wait_for(condition, what: str, launches: list[Launch], timeout: float = LAUN
 
 
 def read_summary(*run_dirs: Path) -> dict:
-    """summary.json of the run: rank 0 writes it on whichever node it landed."""
-    found = [d / "summary.json" for d in run_dirs if (d / "summary.json").exists()]
-    assert len(found) == 1, f"expected one summary.json in {run_dirs}, found {found}"
+    """The summary of the run: rank 0 writes it on whichever node it landed."""
+    found = [d / FILES["summary"] for d in run_dirs if (d / FILES["summary"]).exists()]
+    assert len(found) == 1, f"expected one {FILES['summary']} in {run_dirs}, found {found}"
     return json.loads(found[0].read_text())
 
 
 def eval_records(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    lines = (run_dir / FILES["metrics"]).read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["split"] == "eval"]

@@ -1,10 +1,11 @@
-"""The job's one backend (TORCHRIG_BACKEND, decided by train.yml across the job's hosts)
+"""The job's one backend (the contract's env backend, decided by train.yml across the job's hosts)
 against what the host has: no GPU needed."""
 
 from __future__ import annotations
 
 import pytest
 
+from torchrig.contract import ENV
 from torchrig.dist import use_cuda
 
 
@@ -27,5 +28,5 @@ def test_outside_train_yml_the_hardware_decides():
 
 
 def test_an_unknown_backend_is_refused():
-    with pytest.raises(ValueError, match="TORCHRIG_BACKEND must be nccl or gloo, got 'mpi'"):
+    with pytest.raises(ValueError, match=f"{ENV['backend']} must be nccl or gloo, got 'mpi'"):
         use_cuda("mpi", cuda_available=False)

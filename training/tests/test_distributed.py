@@ -37,6 +37,7 @@ from launch import (
     wait_for,
 )
 from torchrig import checkpoint
+from torchrig.contract import FILES
 
 ACC_TOL = 0.005  # absolute, 0..1 (5 of the 1,000 held-out images)
 LOSS_RTOL = 0.02
@@ -47,7 +48,7 @@ def assert_same_result(run_dirs: list[Path], reference: Path) -> dict:
     summary, ref = read_summary(*run_dirs), read_summary(reference)
     assert (summary["accuracy"], summary["loss"], summary["steps"]) == (
         ref["accuracy"], ref["loss"], ref["steps"])
-    main_dir = next(d for d in run_dirs if (d / "summary.json").exists())
+    main_dir = next(d for d in run_dirs if (d / FILES["summary"]).exists())
     assert [(r["step"], r["loss"], r["accuracy"]) for r in eval_records(main_dir)] == [
         (r["step"], r["loss"], r["accuracy"]) for r in eval_records(reference)]
     return summary
@@ -58,7 +59,7 @@ def test_two_processes_reach_95_and_match_one_process(reference_run: Path, tmp_p
     assert ref["world_size"] == 2 and ref["global_batch"] == 64 and ref["epochs"] == 6
     assert ref["accuracy"] >= 0.95, ref
     assert ref["resumed_from_step"] is None and len(ref["nodes"]) == 2
-    for name in ("metrics.jsonl", "metrics.png", "config.yaml"):
+    for name in (FILES["metrics"], "metrics.png", "config.yaml"):
         assert (reference_run / name).stat().st_size > 0, name
     assert any((reference_run / "tensorboard").iterdir())
     evals = eval_records(reference_run)
@@ -125,7 +126,7 @@ def test_sigterm_then_resume_across_nodes_with_corrupt_checkpoint(reference_run:
     assert steps_a == steps_b and len(steps_a) == 3, (steps_a, steps_b)
     q, p, s = steps_a
     assert 100 <= p < s < 372 and q == p - 50
-    assert not (a / "summary.json").exists() and not (b / "summary.json").exists()
+    assert not (a / FILES["summary"]).exists() and not (b / FILES["summary"]).exists()
     assert all("on SIGTERM" in la.output() for la in launches)
 
     # Make the nodes disagree so that only "newest step every node can load" is right,
@@ -203,7 +204,7 @@ def test_stop_reaching_the_nodes_at_different_times_ends_the_job_once(tmp_path: 
         out = la.output()
         assert out.count("torchrig: rank") == 1, out[-3000:]  # no second worker group
         assert "on SIGTERM" in out and "exitcode" not in out, out[-3000:]
-    assert not (a / "summary.json").exists() and not (b / "summary.json").exists()
+    assert not (a / FILES["summary"]).exists() and not (b / FILES["summary"]).exists()
 
 
 def test_one_process_under_torchrun_runs_the_collective_path(tmp_path: Path):

@@ -14,6 +14,7 @@ from safetensors import safe_open
 
 from launch import child_env, read_summary
 from torchrig import checkpoint, evaluate, export
+from torchrig.contract import FILES
 from torchrig.data import load_dataset
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -27,7 +28,7 @@ def eval_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_eval_of_the_exported_model_gives_the_summary_accuracy(reference_run: Path):
     """The 2-process reference run's model, evaluated the way a user would on the controller:
-    the held-out accuracy of summary.json within 0.002, the loss within 1 %."""
+    the held-out accuracy of the run's summary within 0.002, the loss within 1 %."""
     summary = read_summary(reference_run)
     meta = json.loads((reference_run / "model.json").read_text())
     assert meta["model"] == "cnn" and meta["dataset"] == "mnist5k"
@@ -54,7 +55,7 @@ def test_model_rebuilt_from_its_files_as_the_readme_shows(tmp_path: Path):
            "--batch-size", "16"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=child_env())
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / FILES["summary"]).read_text())
 
     model, meta = export.load_model(run)
     assert not model.training and meta["model"] == "resnet18" and meta["input_shape"] == [1, 8, 8]
@@ -83,7 +84,7 @@ def test_eval_names_what_is_wrong_with_a_run_directory(tmp_path: Path):
 
     no_model = tmp_path / "script-job"
     no_model.mkdir()
-    (no_model / "summary.json").write_text("{}")
+    (no_model / FILES["summary"]).write_text("{}")
     done = eval_cli(str(no_model))
     assert done.returncode == 2 and "has no model.safetensors" in done.stderr
 

@@ -21,6 +21,7 @@ import torch
 
 from launch import child_env, train_args
 from torchrig import checkpoint
+from torchrig.contract import FILES
 from torchrig.models import build_model
 
 KILLS = 30
@@ -126,4 +127,4 @@ def test_full_disk_at_a_checkpoint_names_the_file_and_keeps_the_previous(
                     str(run_dir.parent)], check=True, capture_output=True)
     again = _train(run_dir, "--max-steps", "30")
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-    assert '"resumed_from_step": 10' in (run_dir / "summary.json").read_text()
+    assert '"resumed_from_step": 10' in (run_dir / FILES["summary"]).read_text()

@@ -12,6 +12,7 @@ import torch
 
 from torchrig import checkpoint, worker
 from torchrig.config import Config
+from torchrig.contract import FILES
 from torchrig.dist import DistEnv
 from torchrig.train import Trainer
 
@@ -46,7 +47,7 @@ def trainer(run_dir: Path, **settings) -> Trainer:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir / FILES["metrics"]).read_text().splitlines()]
     for r in records:
         r.pop("samples_per_s", None)  # timing, never equal
     return records
@@ -89,7 +90,7 @@ def test_a_checkpoint_of_the_earlier_format_resumes(tmp_path: Path):
     assert resumed.resumed_from == 10 and resumed.progress.step_in_epoch == 10
     assert same_tensors(resumed.raw_model.state_dict(), t.raw_model.state_dict())
     assert resumed.train() == 0
-    assert json.loads((run_dir / "summary.json").read_text())["resumed_from_step"] == 10
+    assert json.loads((run_dir / FILES["summary"]).read_text())["resumed_from_step"] == 10
 
 
 def test_resume_continues_the_uninterrupted_run_exactly(tmp_path: Path):
@@ -116,5 +117,5 @@ def test_a_stop_request_checkpoints_the_step_and_ends(tmp_path: Path, monkeypatc
     t = trainer(tmp_path)
     assert t.train() == 0
     assert checkpoint.list_steps(tmp_path / "checkpoints") == [1]
-    assert not (tmp_path / "summary.json").exists()
+    assert not (tmp_path / FILES["summary"]).exists()
     assert "stopped at step 1 on SIGTERM (received here)" in caplog.text

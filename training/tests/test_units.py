@@ -23,6 +23,7 @@ import yaml
 
 from launch import child_env
 from torchrig import allreduce_bench, checkpoint, clock_offset, data
+from torchrig.contract import FILES
 from torchrig.dist import DistEnv
 from torchrig.train import lr_factor
 
@@ -169,7 +170,7 @@ def test_trains_without_optional_packages(tmp_path: Path):
             "--run-dir", str(tmp_path)]
     ok = subprocess.run(base, capture_output=True, text=True, timeout=120, env=child_env())
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert (tmp_path / "summary.json").exists() and not (tmp_path / "metrics.png").exists()
+    assert (tmp_path / FILES["summary"]).exists() and not (tmp_path / "metrics.png").exists()
     assert "tensorboard is not installed" in ok.stdout
     assert "matplotlib is not installed" in ok.stdout
     bad = subprocess.run([*base, "--model", "resnet18"], capture_output=True, text=True,
@@ -184,7 +185,7 @@ def run_trainer(run_dir: Path, *flags: str) -> dict:
            *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=child_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return yaml.safe_load((run_dir / "summary.json").read_text())
+    return yaml.safe_load((run_dir / FILES["summary"]).read_text())
 
 
 def test_grad_accum_matches_the_larger_batch(tmp_path: Path):

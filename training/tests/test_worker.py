@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from launch import child_env, free_port
-from torchrig import launch, worker
+from torchrig import contract, launch, worker
+from torchrig.contract import ENV
 
 USAGE_SCRIPT = """\
 import argparse
@@ -33,7 +34,7 @@ def write(path: Path, text: str) -> Path:
 
 
 def run_worker(tmp_path: Path, *args: str, env: dict | None = None, timeout: float = 60):
-    env = {**child_env(), "TORCHRIG_RUN_DIR": str(tmp_path), **(env or {})}
+    env = {**child_env(), ENV["run_dir"]: str(tmp_path), **(env or {})}
     env.pop("TORCHELASTIC_RUN_ID", None)
     return subprocess.run([sys.executable, "-m", "torchrig.worker", *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -44,7 +45,7 @@ def fatal(tmp_path: Path) -> dict:
 
 
 def fatal_traceback(tmp_path: Path, kind: str, last_line: str) -> dict:
-    """fatal.json of `kind`, holding a whole traceback that ends with `last_line`."""
+    """worker.FATAL_FILE of `kind`, holding a whole traceback that ends with `last_line`."""
     record = fatal(tmp_path)
     assert record["kind"] == kind
     assert record["lines"][0] == "Traceback (most recent call last):"
@@ -152,14 +153,14 @@ def test_the_script_gets_its_arguments_and_directory_on_the_path(tmp_path):
 
 
 def test_a_deterministic_failure_ends_the_launcher_without_a_retry(tmp_path):
-    """Under torchrun the worker ends its parent (torchrun) with SIGUSR2, which the job
-    unit does not restart; here the parent is a shell that would otherwise go on."""
+    """Under torchrun the worker ends its parent (torchrun) with the contract's signal, which
+    the job unit does not restart; here the parent is a shell that would otherwise go on."""
     script = write(tmp_path / "train.py", USAGE_SCRIPT)
-    env = {**child_env(), "TORCHRIG_RUN_DIR": str(tmp_path), "TORCHELASTIC_RUN_ID": "t"}
+    env = {**child_env(), ENV["run_dir"]: str(tmp_path), "TORCHELASTIC_RUN_ID": "t"}
     parent = subprocess.run(
         ["bash", "-c", f'"{sys.executable}" -m torchrig.worker "{script}"; echo parent went on'],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
-    assert parent.returncode == -signal.SIGUSR2 or parent.returncode == 128 + signal.SIGUSR2
+    assert parent.returncode in (-contract.fatal_signal(), 128 + contract.fatal_signal())
     assert "parent went on" not in parent.stdout
     assert fatal(tmp_path)["kind"] == "usage error"
 
@@ -174,7 +175,7 @@ def test_sigterm_before_a_plain_script_sets_a_handler_ends_it_with_status_0(tmp_
         time.sleep(60)
     """)
     proc = subprocess.Popen([sys.executable, "-m", "torchrig.worker", str(script)], cwd=tmp_path,
-                            env={**child_env(), "TORCHRIG_RUN_DIR": str(tmp_path)})
+                            env={**child_env(), ENV["run_dir"]: str(tmp_path)})
     deadline = time.monotonic() + 60
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -183,7 +184,7 @@ def test_sigterm_before_a_plain_script_sets_a_handler_ends_it_with_status_0(tmp_
 
 
 def test_sigterm_is_kept_for_the_trainer(tmp_path):
-    """torchrig.train reads the kept request (TORCHRIG_STOP_REQUESTED) when it sets up."""
+    """torchrig.train reads the kept request (the contract's stop_requested) when it sets up."""
     os.environ.pop(worker.STOP_REQUESTED_ENV, None)
     previous = signal.getsignal(signal.SIGTERM)
     try:
@@ -204,10 +205,10 @@ def test_missing_nodes_are_those_whose_address_did_not_join():
 
 def test_a_rendezvous_that_times_out_ends_the_job_naming_the_missing_node(tmp_path):
     """Real torchrun through torchrig.launch: a 2-node job whose second node never comes.
-    It ends with NODES_MISSING (not restarted by the unit) and ended.json names node2."""
-    env = {**child_env(), "TORCHRIG_RUN_DIR": str(tmp_path), "TORCHRIG_JOB": "lonely",
-           "TORCHRIG_NODES": "node1=127.0.0.1 node2=127.0.0.2", "TORCHRIG_LOCAL_ADDR": "127.0.0.1",
-           "TORCHRIG_JOIN_TIMEOUT": "3"}
+    It ends with NODES_MISSING (not restarted by the unit) and launch.ENDED_FILE names node2."""
+    env = {**child_env(), ENV["run_dir"]: str(tmp_path), ENV["job"]: "lonely",
+           ENV["nodes"]: "node1=127.0.0.1 node2=127.0.0.2", ENV["local_addr"]: "127.0.0.1",
+           ENV["join_timeout"]: "3"}
     script = write(tmp_path / "train.py", "print('never runs')\n")
     done = subprocess.run(
         [sys.executable, "-m", "torchrig.launch", "--nnodes=2", "--nproc-per-node=1",
@@ -239,21 +240,23 @@ def test_a_node_that_died_after_joining_is_named_missing():
 
 
 def test_job_arguments_stay_whole_and_rank_0_notes_its_node(tmp_path):
-    """TORCHRIG_ARGS (a JSON list) follows the entry point's own arguments, quoted words
+    """The job's extra arguments (a JSON list) follow the entry point's own arguments, quoted words
     whole; the output directory exists before the script runs; rank 0 of a torchrun job
-    writes rank0.json, which train.yml reads to find the node whose outputs go on top."""
+    writes its note (worker.RANK0_FILE), which train.yml reads to find the node whose
+    outputs go on top."""
     script = write(tmp_path / "train.py", """\
         import json, os, sys
-        out = os.environ["TORCHRIG_OUTPUT_DIR"]
+        from torchrig.contract import ENV
+        out = os.environ[ENV["output_dir"]]
         open(os.path.join(out, "args.json"), "w").write(json.dumps(sys.argv[1:]))
     """)
     output = tmp_path / "output"
-    env = {"TORCHRIG_ARGS": json.dumps(["7", "two words"]), "TORCHRIG_OUTPUT_DIR": str(output),
+    env = {ENV["args"]: json.dumps(["7", "two words"]), ENV["output_dir"]: str(output),
            "TORCHELASTIC_RUN_ID": "t", "RANK": "0"}
 
     def run_as(rank: str):  # type: ignore[no-untyped-def]
         return subprocess.run([sys.executable, "-m", "torchrig.worker", str(script), "first"],
-                              cwd=tmp_path, env={**child_env(), "TORCHRIG_RUN_DIR": str(tmp_path),
+                              cwd=tmp_path, env={**child_env(), ENV["run_dir"]: str(tmp_path),
                                                  **env, "RANK": rank},
                               capture_output=True, text=True, timeout=60)
 

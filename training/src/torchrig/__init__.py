@@ -11,11 +11,12 @@ Importing the package imports nothing else; each module is started or imported b
     models          the small CNN and the adapted ResNet-18
     checkpoint      atomic node-local checkpoints and the agreement on which to resume
     dist            process-group set-up, device choice and the few collectives used
-    worker          what every worker of a job runs first (SIGTERM kept, fatal.json)
+    worker          what every worker of a job runs first (SIGTERM kept, a fatal failure noted)
     launch          torchrun that ends a job whose nodes do not all come
+    contract        the job contract: environment names, run directory files, ending statuses
     export          the final model as model.safetensors + model.json
     evaluate        torchrig-eval: an exported model's held-out accuracy and loss
-    plot            metrics.png from metrics.jsonl
+    plot            metrics.png from the metrics records
     allreduce_bench the all_reduce bandwidth check
     clock_offset    the nodes' clock offset check (health.yml)
 """

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torchrig.contract import ENV
+
 
 @dataclass
 class DistEnv:
@@ -48,21 +50,22 @@ def launched_by_torchrun() -> bool:
 
 
 def pg_timeout() -> timedelta | None:
-    """TORCHRIG_PG_TIMEOUT seconds, or None for torch's default (10 min NCCL, 30 gloo).
+    """The job's pg_timeout (ENV["pg_timeout"]) in seconds, or None for torch's default
+    (10 min NCCL, 30 gloo).
 
     It bounds how long the ranks wait in a collective for a node that died without a
     word (power loss, kernel panic): then the worker fails, torchrun goes back to
     rendezvous, and the job waits there for the node to return (job unit, join_timeout).
     """
-    value = os.environ.get("TORCHRIG_PG_TIMEOUT", "")
+    value = os.environ.get(ENV["pg_timeout"], "")
     if not value:
         return None
     try:
         seconds = float(value)
     except ValueError:
-        raise ValueError(f"TORCHRIG_PG_TIMEOUT must be seconds, got {value!r}") from None
+        raise ValueError(f"{ENV['pg_timeout']} must be seconds, got {value!r}") from None
     if seconds <= 0:
-        raise ValueError(f"TORCHRIG_PG_TIMEOUT must be above 0 seconds, got {value!r}")
+        raise ValueError(f"{ENV['pg_timeout']} must be above 0 seconds, got {value!r}")
     return timedelta(seconds=seconds)
 
 
@@ -102,7 +105,7 @@ def make_deterministic() -> None:
 
 
 def use_cuda(backend: str, cuda_available: bool) -> bool:
-    """Whether this process trains on a GPU. TORCHRIG_BACKEND is the job's one backend,
+    """Whether this process trains on a GPU. ENV['backend'] is the job's one backend,
     decided by train.yml across its hosts: gloo keeps a host with GPUs on its CPU, and
     nccl on a host whose CUDA does not work fails here, by name, not at a collective."""
     if backend == "gloo":
@@ -113,7 +116,7 @@ def use_cuda(backend: str, cuda_available: bool) -> bool:
                            "its driver (health.yml), "
                            "or add the host to the CPU group")
     if backend not in ("", "nccl"):
-        raise ValueError(f"TORCHRIG_BACKEND must be nccl or gloo, got {backend!r}")
+        raise ValueError(f"{ENV['backend']} must be nccl or gloo, got {backend!r}")
     return cuda_available
 
 
@@ -129,7 +132,7 @@ def setup(threads: int = 0) -> DistEnv:
         threads = max(1, usable_cores() // local_world_size)
     torch.set_num_threads(threads)
 
-    if use_cuda(os.environ.get("TORCHRIG_BACKEND", ""), torch.cuda.is_available()):
+    if use_cuda(os.environ.get(ENV["backend"], ""), torch.cuda.is_available()):
         device = torch.device("cuda", gpu_index(local_rank, local_world_size,
                                                 torch.cuda.device_count()))
         torch.cuda.set_device(device)

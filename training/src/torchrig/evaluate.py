@@ -6,8 +6,8 @@
 It reads model.safetensors and model.json from the run directory train.yml fetched,
 loads the job's dataset the way the trainer does (same held-out split, same
 normalisation) and evaluates with the trainer's own function, so the result is the one in
-summary.json; no node is involved. Exit status: 0 done, 2 a missing or unusable run
-directory, dataset or device.
+the run's summary (contract.FILES['summary']); no node is involved. Exit status: 0 done,
+2 a missing or unusable run directory, dataset or device.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from .contract import FILES
 from .data import UsageError, load_dataset
 from .dist import DistEnv, usable_cores
 from .export import ModelFileError, load_model
@@ -62,7 +63,7 @@ def run(run_dir: Path, device: torch.device, data_dir: str, batch_size: int) -> 
     loss, accuracy = evaluate(model, data, env, batch_size, autocast, channels_last=False)
     out = {"accuracy": accuracy, "loss": loss, "samples": len(data.test_y),
            "dataset": meta["dataset"], "model": meta["model"], "device": str(device)}
-    summary = run_dir / "summary.json"
+    summary = run_dir / FILES["summary"]
     if summary.is_file():
         try:
             trained = json.loads(summary.read_text())
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"accuracy: {out['accuracy']:.4f} loss: {out['loss']:.4f} (held-out, {out['samples']} "
           f"images of {out['dataset']}, model {out['model']}, on {out['device']})")
     if "summary_accuracy" in out:
-        print(f"summary.json: accuracy {out['summary_accuracy']:.4f} loss "
+        print(f"{FILES['summary']}: accuracy {out['summary_accuracy']:.4f} loss "
               f"{out['summary_loss']:.4f} (at the end of training)")
     return 0
 

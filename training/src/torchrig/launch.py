@@ -8,11 +8,12 @@ job for good: torchrun exits 1 for it, as for any failure, and systemd restarted
 unit, so a node that never came back kept the others waiting at rendezvous forever
 (every join_timeout seconds, one restart more). Here the job ends with exit status
 NODES_MISSING, which the unit does not restart, with a message that names the nodes that
-did not join and ended.json in the run directory saying the same for train.yml.
+did not join and ENDED_FILE in the run directory saying the same for train.yml.
 
 The nodes that did join are read from the rendezvous state that torchrun's dynamic
 rendezvous keeps (its participants and their heartbeats, by the address each node gave
-with --local-addr); TORCHRIG_NODES lists the job's nodes as name=address pairs.
+with --local-addr); the job's environment lists the job's nodes as name=address pairs
+(torchrig.contract.ENV).
 """
 
 from __future__ import annotations
@@ -24,14 +25,17 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-NODES_MISSING = 3
-ENDED_FILE = "ended.json"
+from torchrig import contract
+
+NODES_MISSING = contract.EXIT_NODES_MISSING
+ENDED_FILE = contract.FILES["ended"]
+ENV = contract.ENV
 
 _seen_addresses: set[str] = set()
 
 
 def job_nodes(spec: str) -> dict[str, str]:
-    """TORCHRIG_NODES ("node1=10.0.0.1 node2=10.0.0.2") as {name: address}."""
+    """The job's nodes ("node1=10.0.0.1 node2=10.0.0.2") as {name: address}."""
     nodes = {}
     for item in spec.split():
         name, sep, address = item.partition("=")
@@ -85,12 +89,12 @@ def _watch_rendezvous() -> None:
 
 
 def report_missing(run_dir: Path, waited_s: float) -> str:
-    nodes = job_nodes(os.environ.get("TORCHRIG_NODES", ""))
-    this = os.environ.get("TORCHRIG_LOCAL_ADDR", "")
+    nodes = job_nodes(os.environ.get(ENV["nodes"], ""))
+    this = os.environ.get(ENV["local_addr"], "")
     missing = missing_nodes(nodes, _seen_addresses, this) or sorted(set(nodes) - {
         name for name, address in nodes.items() if address == this})
-    timeout = os.environ.get("TORCHRIG_JOIN_TIMEOUT", "?")
-    message = (f"torchrig: job {os.environ.get('TORCHRIG_JOB', '?')} ends: "
+    timeout = os.environ.get(ENV["join_timeout"], "?")
+    message = (f"torchrig: job {os.environ.get(ENV['job'], '?')} ends: "
                f"{', '.join(missing) or 'a node'} did not join within {timeout} s "
                f"(join_timeout); the job's nodes: {', '.join(nodes) or '?'}. "
                "Start it again with train.yml once every node is back; it resumes from its "
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import main as torchrun_main
 
     _watch_rendezvous()
-    run_dir = Path(os.environ.get("TORCHRIG_RUN_DIR", "."))
+    run_dir = Path(os.environ.get(ENV["run_dir"], "."))
     start = time.monotonic()
     try:
         torchrun_main(sys.argv[1:] if argv is None else argv)

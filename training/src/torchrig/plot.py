@@ -1,4 +1,4 @@
-"""Loss and accuracy curves from metrics.jsonl, as a PNG (matplotlib is optional)."""
+"""Loss and accuracy curves from the metrics records, as a PNG (matplotlib is optional)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""metrics.jsonl: read line by line, rewritten atomically.
+"""The metrics records (contract.FILES["metrics"]): read line by line, rewritten atomically.
 
 A full disk or a power loss can leave the last line cut short. The checkpoints
 are still good, so a resume must not fail on it: a line that is not a whole

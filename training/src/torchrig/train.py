@@ -33,6 +33,7 @@ from torch.utils.data import DistributedSampler
 from . import checkpoint, dist, export
 from . import records as records_file
 from .config import Config, parse_config
+from .contract import FILES
 from .data import Data, UsageError, load_dataset
 from .dist import DistEnv
 from .models import build_model
@@ -92,10 +93,10 @@ class StopRequest:
 
 
 class Outputs:
-    """Rank 0's metrics.jsonl, TensorBoard events and log lines (or progress bar)."""
+    """Rank 0's metrics records, TensorBoard events and log lines (or progress bar)."""
 
     def __init__(self, run_dir: Path, start_step: int, total_steps: int) -> None:
-        self.metrics = run_dir / "metrics.jsonl"
+        self.metrics = run_dir / FILES["metrics"]
         self._trim(start_step)
         self.file = self.metrics.open("a")
         self.tb = None
@@ -385,9 +386,9 @@ class Trainer:
     def _clear_earlier_results(self) -> None:
         if self.env.local_rank == 0:
             checkpoint.remove_stale_temps(self.ckpt_dir)
-            # Rank 0 may land on another node this time: a summary.json or model left
+            # Rank 0 may land on another node this time: a summary or model left
             # here by an earlier attempt would then read as this run's result.
-            (self.run_dir / "summary.json").unlink(missing_ok=True)
+            (self.run_dir / FILES["summary"]).unlink(missing_ok=True)
             export.remove_model(self.run_dir)
 
     def _open_outputs(self) -> Outputs:
@@ -580,7 +581,7 @@ class Trainer:
             "threads_per_process": self.env.threads,
         }
         # The final model, weights only, with what rebuilds it (torchrig-eval, README);
-        # before summary.json, which says the run is complete.
+        # before the summary, which says the run is complete.
         export.save_model(self.run_dir, self.raw_model, {
             "model": cfg.model, "dataset": cfg.dataset, "num_classes": data.num_classes,
             "classes": data.classes, "input_shape": list(data.test_x.shape[1:]),
@@ -590,7 +591,7 @@ class Trainer:
             # What regenerates the same synthetic images for torchrig-eval.
             "synthetic_shape": cfg.synthetic_shape, "synthetic_samples": cfg.synthetic_samples,
         })
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (self.run_dir / FILES["summary"]).write_text(json.dumps(summary, indent=2) + "\n")
         try:
             plot_metrics(self.out.metrics, self.run_dir / "metrics.png")
         except ImportError:

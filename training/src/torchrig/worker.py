@@ -9,22 +9,22 @@ Two things torchrun cannot do by itself:
   during rendezvous or while torch imports) is kept instead of killing the process.
   Killed by the signal, the worker counted as failed and torchrun restarted the worker
   group in the middle of `systemctl stop`. torchrig's trainer reads the kept request
-  (TORCHRIG_STOP_REQUESTED) and checkpoints at its first step; any other entry point ends at
-  once with status 0, as a stopped job.
+  (contract.ENV['stop_requested']) and checkpoints at its first step; any other entry
+  point ends at once with status 0, as a stopped job.
 - A failure that would fail the same way on every retry (a usage error, an import or
-  syntax error, a missing file) ends the job at once: its lines go to fatal.json in the
-  run directory and the worker ends its launcher with SIGUSR2, which the job's unit does
-  not restart (RestartPreventExitStatus). Retrying would cost torchrun's restarts and
-  systemd's, over a minute, before anyone saw the error.
+  syntax error, a missing file) ends the job at once: its lines go to the run directory
+  (contract.FILES['fatal']) and the worker ends its launcher with contract.FATAL_SIGNAL,
+  which the job's unit does not restart (RestartPreventExitStatus). Retrying would cost
+  torchrun's restarts and systemd's, over a minute, before anyone saw the error.
 - Any other failure is retried once. When the retry fails the same way (the same
   exception type and message, raised at the same line), the job ends as above: a bug in
   a script is found on the second try, not the twelfth. A failure between nodes (a peer
   gone, a collective's timeout) is left to torchrun and systemd, as it may heal when
   the peer is back.
 
-It also hands the entry point the job's extra arguments (TORCHRIG_ARGS, a JSON list, so
-that quoted words stay whole), creates TORCHRIG_OUTPUT_DIR, and on rank 0 writes
-rank0.json into the run directory, naming the node whose outputs go to runs/<job>/.
+It also hands the entry point the job's extra arguments (a JSON list, so that quoted
+words stay whole), creates the job's output directory, and on rank 0 writes a note into
+the run directory, naming the node whose outputs go to runs/<job>/ (names: torchrig.contract).
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ import traceback
 from pathlib import Path
 from types import FrameType
 
-FATAL_FILE = "fatal.json"
+from torchrig import contract
+
+FATAL_FILE = contract.FILES["fatal"]
 USAGE_EXIT_STATUS = 2  # argparse's, and torchrig.train's
 # Errors that come back unchanged on a retry of the same code and files.
 DETERMINISTIC = (SyntaxError, ImportError, FileNotFoundError, NotADirectoryError, IsADirectoryError)
@@ -52,14 +54,14 @@ REPEAT_WINDOW_S = 120.0
 
 # Set in the environment, not a module variable: `python -m torchrig.worker` runs this
 # file as __main__, so the trainer's `import torchrig.worker` would get a fresh copy.
-STOP_REQUESTED_ENV = "TORCHRIG_STOP_REQUESTED"
+STOP_REQUESTED_ENV = contract.ENV["stop_requested"]
 # The job's extra arguments, a JSON list: systemd splits `$VAR` on the unit's command line
 # at every space and knows no quotes, so "two words" would arrive as two arguments.
-ARGS_ENV = "TORCHRIG_ARGS"
+ARGS_ENV = contract.ENV["args"]
 # Written by rank 0 into the run directory: train.yml takes rank 0's node's output
-# directory (TORCHRIG_OUTPUT_DIR) to the top of runs/<job>/. Under c10d any node can be
-# rank 0, and another one after a restart, so the newest note wins.
-RANK0_FILE = "rank0.json"
+# directory to the top of runs/<job>/. Under c10d any node can be rank 0, and another one
+# after a restart, so the newest note wins.
+RANK0_FILE = contract.FILES["rank0"]
 
 
 def _keep_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -71,7 +73,7 @@ def _stop_plain_entry(signum: int, frame: FrameType | None) -> None:
 
 
 def fatal_record(kind: str, status: int, lines: list[str], why: str) -> dict:
-    """What fatal.json holds: enough for train.yml to say what failed, where, and how."""
+    """What FATAL_FILE holds: enough for train.yml to say what failed, where, and how."""
     return {
         "kind": kind,
         "why": why,
@@ -84,7 +86,7 @@ def fatal_record(kind: str, status: int, lines: list[str], why: str) -> dict:
 
 
 def write_fatal(run_dir: Path, record: dict) -> None:
-    """Write fatal.json once per node: the first rank to fail deterministically wins."""
+    """Write FATAL_FILE once per node: the first rank to fail deterministically wins."""
     path = run_dir / FATAL_FILE
     tmp = run_dir / f".{FATAL_FILE}.{os.getpid()}"
     tmp.write_text(json.dumps(record, indent=1) + "\n")
@@ -168,7 +170,7 @@ def end_launcher(status: int) -> None:
     if os.environ.get("TORCHELASTIC_RUN_ID"):
         sys.stdout.flush()
         sys.stderr.flush()
-        os.kill(os.getppid(), signal.SIGUSR2)
+        os.kill(os.getppid(), contract.fatal_signal())
         os._exit(status)
 
 
@@ -207,8 +209,8 @@ def run_entry(argv: list[str]) -> None:
 
 
 def job_args() -> list[str]:
-    """TORCHRIG_ARGS, taken out of the environment (the entry point's own children
-    must not add them again)."""
+    """The job's extra arguments (ARGS_ENV), taken out of the environment (the entry
+    point's own children must not add them again)."""
     text = os.environ.pop(ARGS_ENV, "")
     if not text:
         return []
@@ -224,10 +226,10 @@ def job_args() -> list[str]:
 
 def note_job_files() -> None:
     """Create the output directory; on rank 0, say which node rank 0 runs on."""
-    output = os.environ.get("TORCHRIG_OUTPUT_DIR")
+    output = os.environ.get(contract.ENV["output_dir"])
     if output:
         Path(output).mkdir(parents=True, exist_ok=True)
-    run_dir = os.environ.get("TORCHRIG_RUN_DIR")
+    run_dir = os.environ.get(contract.ENV["run_dir"])
     if run_dir and os.environ.get("RANK") == "0" and os.environ.get("TORCHELASTIC_RUN_ID"):
         path = Path(run_dir) / RANK0_FILE
         tmp = path.with_name(f".{RANK0_FILE}.{os.getpid()}")
@@ -246,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     tail = StderrTail(sys.stderr)
     sys.stderr = tail
     started = time.time()
-    run_dir = Path(os.environ.get("TORCHRIG_RUN_DIR", "."))
+    run_dir = Path(os.environ.get(contract.ENV["run_dir"], "."))
     try:
         note_job_files()
         run_entry(argv)
