@@ -1,5 +1,5 @@
-"""Every `ansible-playbook` example in README.md and JOBS.md goes through what train.yml
-would check, so the examples cannot go stale.
+"""Every `ansible-playbook` example in README.md and JOBS.md (and in train.yml's header)
+goes through what train.yml would check, so the examples cannot go stale.
 
 Each command is split as a shell splits it. A `train.yml` example's `-e` values become the
 request as Ansible hands them over: key=value pairs as strings (a value ends at a space,
@@ -37,7 +37,8 @@ def examples() -> list[tuple[str, str]]:
         lines = [ln for block in FENCE.findall(text) for ln in block.splitlines()]
         lines += re.findall(r"`(ansible-playbook [^`]+)`", FENCE.sub("", text))
         found += [(doc, ln.strip()) for ln in lines if ln.strip().startswith("ansible-playbook ")]
-    return found
+    header = re.findall(r"^#\s+(ansible-playbook .*)$", (ROOT / "train.yml").read_text(), re.M)
+    return found + [("train.yml", line.strip()) for line in header]
 
 
 def kv(text: str) -> dict[str, Any]:
