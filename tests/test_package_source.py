@@ -251,6 +251,7 @@ def server(tmp_path_factory):
                 proc.kill()
                 pytest.fail("python3 -m http.server did not start")
             time.sleep(0.05)
+    DECLARED[:] = [{"uri": f"http://127.0.0.1:{port}/"}]
     yield {"www": www, "url": f"http://127.0.0.1:{port}"}
     proc.terminate()
     proc.wait(timeout=10)
@@ -346,16 +347,21 @@ def repo_of(tmp, cluster=CLUSTER):
     return tmp / "cache/clusters" / cluster / "repo" / REPO_NAME
 
 
-def fetch_argv(tmp, *packages, cache=None, key_dir=None, cluster=CLUSTER):
+# The sources the tests declare by default: everything the test server serves.
+DECLARED = []
+
+
+def fetch_argv(tmp, *packages, cache=None, key_dir=None, cluster=CLUSTER, sources=None):
     cache, key_dir = cache or tmp / "cache", key_dir or tmp / "key"
     return [sys.executable, str(APT_REPO), "fetch", "--states", "/dev/stdin", "--cache", str(cache),
-            "--key-dir", str(key_dir), f"--cluster={cluster}", *packages]
+            "--key-dir", str(key_dir), f"--cluster={cluster}", "--sources", json.dumps(sources or DECLARED),
+            *packages]
 
 
-def fetch(tmp, states, *packages, cache=None, key_dir=None, cwd=None, cluster=CLUSTER):
+def fetch(tmp, states, *packages, cache=None, key_dir=None, cwd=None, cluster=CLUSTER, sources=None):
     """apt_repo.py fetch, as the role runs it (the states on stdin)."""
     done = subprocess.run(
-        fetch_argv(tmp, *packages, cache=cache, key_dir=key_dir, cluster=cluster),
+        fetch_argv(tmp, *packages, cache=cache, key_dir=key_dir, cluster=cluster, sources=sources),
         input=json.dumps(states),
         capture_output=True,
         text=True,
@@ -721,3 +727,109 @@ def test_unreadable_one_line_source_names_its_file(tmp_path):
     write(tmp_path, "/etc/apt/sources.list.d/broken.list", "deb http://x.invalid/\n")
     with pytest.raises(st.StateError, match="/etc/apt/sources.list.d/broken.list: cannot read the source line"):
         st.read_sources(str(tmp_path))
+
+
+# --- a node's own sources (issue 31, item 2) ---
+
+
+def signed_repo(tmp_path, name, packages):
+    """A flat repository of (package, version) .debs signed with a key of its own; returns (dir, key)."""
+    repo = tmp_path / name
+    repo.mkdir()
+    stanzas_text = []
+    for package, version in packages:
+        pkg = tmp_path / f"{name}-{package}-build"
+        write(pkg, "/DEBIAN/control", f"Package: {package}\nVersion: {version}\nArchitecture: amd64\n"
+              f"Maintainer: m <m@m.invalid>\nDescription: {name}\n")
+        deb = repo / f"{package}_{version}_amd64.deb"
+        subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(pkg), str(deb)], check=True,
+                       capture_output=True)
+        data = deb.read_bytes()
+        control = subprocess.run(["dpkg-deb", "-f", str(deb)], check=True, capture_output=True, text=True).stdout
+        stanzas_text.append(control + f"Filename: ./{deb.name}\nSize: {len(data)}\n"
+                            f"SHA256: {hashlib.sha256(data).hexdigest()}\n")
+    (repo / "Packages").write_text("\n".join(stanzas_text))
+    packages_data = (repo / "Packages").read_bytes()
+    (repo / "Release").write_text(
+        f"Origin: {name}\nSHA256:\n {hashlib.sha256(packages_data).hexdigest()} {len(packages_data)} Packages\n")
+    with gpg_home(tmp_path / name) as home:
+        gpg = ["gpg", "--homedir", str(home), "--batch", "--quiet"]
+        subprocess.run([*gpg, "--passphrase", "", "--pinentry-mode", "loopback", "--quick-gen-key", name,
+                        "ed25519", "sign", "never"], check=True, capture_output=True)
+        subprocess.run([*gpg, "--local-user", name, "--clearsign", "-o", str(repo / "InRelease"),
+                        str(repo / "Release")], check=True, capture_output=True)
+        key = subprocess.run([*gpg, "--export", name], check=True, capture_output=True).stdout
+    return repo, key
+
+
+@pytest.fixture(scope="module")
+def evil(server, tmp_path_factory):
+    """A source a node added itself, with its own key: nvidia-smi at a version above any real one."""
+    tmp = tmp_path_factory.mktemp("evil")
+    repo, key = signed_repo(tmp, "evil", [("nvidia-smi", "999.0-1")])
+    return {"url": publish(server, "evil", repo), "key": key}
+
+
+def with_extra_source(state, url, key, file="/etc/apt/sources.list.d/mine.list"):
+    state = json.loads(json.dumps(state))
+    state["sources"].append({"uris": [url], "suites": ["/"], "components": [],
+                             "keys": [{"name": "mine.gpg", "b64": b64(key)}], "file": file})
+    return state
+
+
+def test_a_node_own_source_never_reaches_the_cluster_repository(built, evil, node_state, tmp_path):
+    """node2 adds a source and key of its own offering nvidia-smi 999: the repository every node
+    trusts (signed with the cluster key) holds the stand-in's nvidia-smi only, and the source is reported."""
+    states = {"node1": node_state, "node2": with_extra_source(node_state, evil["url"], evil["key"])}
+    done = fetch(tmp_path, states, "nvidia-smi", sources=[{"uri": built["url"]}])
+    assert done.returncode == 0, done.stderr
+    pool = pool_of(tmp_path, CLUSTER)
+    newest = max(standin_versions(built, "nvidia-smi"), key=lambda v: [int(x) for x in v.split("-")[0].split(".")])
+    assert [n for n in pool if n.startswith("nvidia-smi_")] == [f"nvidia-smi_{newest}_amd64.deb"]
+    assert "999.0-1" not in (repo_of(tmp_path) / "Packages").read_text()
+    assert json.loads(done.stdout)["ignored"] == [f"node2: {evil['url']} (/etc/apt/sources.list.d/mine.list)"]
+
+
+def test_a_package_only_a_node_own_source_has_is_refused_naming_it(built, evil, node_state, tmp_path):
+    state = with_extra_source(node_state, evil["url"], evil["key"])
+    state["sources"] = state["sources"][1:]  # the node's own source only
+    done = fetch(tmp_path, {"node1": state}, "nvidia-smi=999*", sources=[{"uri": built["url"]}])
+    assert done.returncode != 0
+    assert "no version of nvidia-smi matches 999*" in done.stderr, done.stderr
+    assert f"not declared in package_source_apt_sources were left out: node1: {evil['url']}" in done.stderr
+    assert not (tmp_path / "cache/clusters" / CLUSTER / "repo").exists()
+
+
+def test_a_declared_fingerprint_refuses_a_node_key_swapped_for_its_own(built, evil, node_state, tmp_path):
+    """The declared source with the node's key replaced by another: refused, naming both fingerprints."""
+    state = json.loads(json.dumps(node_state))
+    state["sources"][0]["keys"] = [{"name": "cuda-archive-keyring.gpg", "b64": b64(evil["key"])}]
+    declared = [{"uri": built["url"], "fingerprints": [built["good"]]}]
+    done = fetch(tmp_path, {"node1": state}, "nvidia-smi", sources=declared)
+    assert done.returncode != 0
+    evil_fpr = fingerprints(evil["key"], tmp_path)[0]
+    assert built["good"] in done.stderr and evil_fpr in done.stderr and "Nothing was fetched" in done.stderr
+    # With the right key and another beside it, only the declared one is used.
+    state["sources"][0]["keys"].append({"name": "good.gpg", "b64": b64(built["keyring"].read_bytes())})
+    done = fetch(tmp_path, {"node1": state}, "nvidia-smi", sources=declared)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["file:///etc/apt/", "copy:/srv/x", "http://127.0.0.1:1/other/", "http://user@127.0.0.1/", "http://x.invalid/a/../b",
+     "http://x.invalid/%2e%2e/b"],
+)
+def test_only_declared_http_sources_are_used(uri):
+    repo_py = load("roles/package_source/files/apt_repo.py", "torchrig_apt_repo")
+    declared = repo_py.check_declared([{"uri": "http://127.0.0.1:8000/debian"}, {"uri": "http://x.invalid/"}])
+    assert repo_py.declared_for(uri, declared) is None
+    assert repo_py.declared_for("https://127.0.0.1:8000/debian/dists/", declared) is not None
+    assert repo_py.declared_for("http://127.0.0.1:8000/debianx", declared) is None
+
+
+@pytest.mark.parametrize("entry", [{"uri": "file:///srv"}, {"uri": "http://a/", "fingerprints": ["ABC"]}, "http://a/"])
+def test_a_bad_declared_source_is_refused_naming_the_setting(node_state, tmp_path, entry):
+    done = fetch(tmp_path, {"node1": node_state}, "nvidia-smi", sources=[entry])
+    assert done.returncode != 0 and "package_source_apt_sources" in done.stderr
+    assert not (tmp_path / "cache/clusters").exists()

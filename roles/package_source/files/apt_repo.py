@@ -5,17 +5,28 @@
         The repository's signing key (made once, kept in DIR, never leaves
         it). Prints JSON: fingerprint, the public keyring's path, created.
 
-    apt_repo.py fetch --states FILE --cache DIR --key-dir DIR --cluster NAME [--no-recommends] PACKAGE ...
-        FILE holds {host: apt_state.py's JSON}. For each node, apt resolves
-        PACKAGE ... against the node's own sources, keys, preferences and dpkg
-        status (an apt root under DIR/clusters/NAME/roots, no chroot), and
+    apt_repo.py fingerprints
+        Reads a keyring (binary or armored), base64-encoded, on stdin. Prints
+        JSON: the fingerprints of its primary keys.
+
+    apt_repo.py fetch --states FILE --cache DIR --key-dir DIR --cluster NAME --sources JSON
+                      [--no-recommends] PACKAGE ...
+        FILE holds {host: apt_state.py's JSON}. JSON lists the sources the
+        inventory declares ([{"uri": URI, "fingerprints": [FPR, ...]}]): of a
+        node's own sources only those under a declared URI are used, with only
+        the declared keys where fingerprints are given; any other source of
+        the node is left out and reported (a node must not bring packages of
+        its own into the repository every node trusts). For each node, apt
+        resolves PACKAGE ... against those sources, the node's preferences and
+        dpkg status (an apt root under DIR/clusters/NAME/roots, no chroot), and
         downloads what the node lacks. apt checks each upstream Release
         signature against the key the node trusts for that source, and each
         .deb against its Release's hashes. The .debs the node needs join
         DIR/clusters/NAME/repo/<os>-<release>-<arch>, a flat repository signed
         with torchrig's key; the nodes trust that key for it alone. Prints
         JSON: changed, added files, bytes, repositories, the sha256 of each
-        one's InRelease, and the key (as `key` prints it).
+        one's InRelease, the key (as `key` prints it), and the node sources
+        left out ("HOST: URI (FILE)").
 
 Each .deb is downloaded once for the whole cluster, whatever the number of
 nodes: the nodes then fetch from the cluster's package host.
@@ -44,6 +55,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -282,12 +295,126 @@ def check_state(host: str, state: dict) -> None:
                              "changed on the nodes.")
 
 
-def fetch(states: dict, packages: list[str], cache: Path, key_dir: Path, recommends: bool, cluster: str) -> dict:
+FINGERPRINT = re.compile(r"[0-9A-F]{40}|[0-9A-F]{64}")
+
+
+def uri_parts(uri: str) -> tuple[str, int | None, tuple[str, ...]] | None:
+    """(host, port or None for the scheme's own, path segments) of a plain http(s) URI, else None.
+
+    http and https name the same archive (its signature, not the transport, is what is
+    checked). Anything else (file:, a user, a query, '.' or '..', escapes) is no source
+    a node may name: the controller's apt would read it.
+    """
+    try:
+        p = urllib.parse.urlsplit(uri)
+        port = p.port
+    except ValueError:
+        return None
+    if p.scheme not in ("http", "https") or not p.hostname or p.username or p.password or p.query or p.fragment:
+        return None
+    if any(c in p.path for c in "%\\") or any(seg in (".", "..") for seg in p.path.split("/")):
+        return None
+    if port == {"http": 80, "https": 443}[p.scheme]:
+        port = None
+    return p.hostname.lower(), port, tuple(seg for seg in p.path.split("/") if seg)
+
+
+def check_declared(declared: object) -> list[dict]:
+    """The declared sources, checked: [{"uri": URI, "fingerprints": [FPR, ...]}] (fingerprints optional)."""
+    if not isinstance(declared, list):
+        raise FetchError(f"package_source_apt_sources must be a list of {{uri, fingerprints}}, not {declared!r}")
+    out = []
+    for entry in declared:
+        uri = entry.get("uri") if isinstance(entry, dict) else None
+        fprs = entry.get("fingerprints", []) if isinstance(entry, dict) else None
+        if not isinstance(uri, str) or uri_parts(uri) is None or not isinstance(fprs, list) or not all(
+                isinstance(f, str) and FINGERPRINT.fullmatch(f.replace(" ", "").upper()) for f in fprs):
+            raise FetchError(f"package_source_apt_sources: {entry!r} is not {{uri: http(s)://HOST/PATH, "
+                             "fingerprints: [40 or 64 hex digits, ...]}. Nothing was fetched.")
+        out.append({"uri": uri, "parts": uri_parts(uri),
+                    "fingerprints": sorted({f.replace(" ", "").upper() for f in fprs})})
+    return out
+
+
+def declared_for(uri: str, declared: list[dict]) -> dict | None:
+    """The declared source a node's URI falls under (same host and port, its path below the declared one)."""
+    parts = uri_parts(uri)
+    if parts is None:
+        return None
+    for entry in declared:
+        host, port, path = entry["parts"]
+        if parts[:2] == (host, port) and parts[2][:len(path)] == path:
+            return entry
+    return None
+
+
+def key_fingerprints(home: Path, data: bytes) -> list[str]:
+    listing = subprocess.run(["gpg", "--homedir", str(home), "--batch", "--with-colons", "--show-keys"],
+                             input=data, capture_output=True, check=False).stdout.decode(errors="replace")
+    prints, primary = [], False
+    for line in listing.splitlines():
+        kind = line.split(":")[0]
+        if kind in ("pub", "sub"):
+            primary = kind == "pub"
+        elif kind == "fpr" and primary:
+            prints.append(line.split(":")[9])
+            primary = False
+    return prints
+
+
+def declared_keys(host: str, source: dict, uri: str, entry: dict) -> list[dict]:
+    """The node's keys for this source, cut down to the declared fingerprints (all of them when none
+    are declared). A node that lacks every declared key is refused by name."""
+    if not entry["fingerprints"]:
+        return source["keys"]
+    with tempfile.TemporaryDirectory(prefix="torchrig-keys-") as tmp:
+        home = Path(tmp) / "gnupg"
+        home.mkdir(mode=0o700)
+        try:
+            found = []
+            for key in source["keys"]:
+                data = base64.b64decode(key["b64"])
+                found += key_fingerprints(home, data)
+                subprocess.run(["gpg", "--homedir", str(home), "--batch", "--quiet", "--import"], input=data,
+                               capture_output=True, check=False)
+            wanted = [f for f in entry["fingerprints"] if f in found]
+            if not wanted:
+                raise FetchError(
+                    f"{host}: the source {uri} ({source['file']}) is declared with the key "
+                    f"{', '.join(entry['fingerprints'])} (package_source_apt_sources), but the node's keys for it "
+                    f"are {', '.join(found) or 'none'}. Nothing was fetched or changed on the nodes.")
+            exported = subprocess.run(["gpg", "--homedir", str(home), "--batch", "--export", *wanted],
+                                      capture_output=True, check=True).stdout
+        finally:
+            subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], capture_output=True, check=False)
+    return [{"name": "declared.gpg", "b64": base64.b64encode(exported).decode()}]
+
+
+def declared_only(host: str, state: dict, declared: list[dict]) -> tuple[dict, list[str]]:
+    """The node's state with its sources cut down to the declared ones, and what was left out."""
+    kept, left_out = [], []
+    for source in state["sources"]:
+        for uri in source["uris"]:
+            entry = declared_for(uri, declared)
+            if entry is None:
+                left_out.append(f"{host}: {uri} ({source['file']})")
+                continue
+            kept.append({**source, "uris": [uri], "keys": declared_keys(host, source, uri, entry)})
+    return {**state, "sources": kept}, left_out
+
+
+def fetch(states: dict, packages: list[str], cache: Path, key_dir: Path, recommends: bool, cluster: str,
+          declared: object) -> dict:
     if not CLUSTER_NAME.fullmatch(cluster):
         raise FetchError(f"the cluster's name {cluster!r} must be 1 to 64 letters, digits, '.', '_' or '-', "
                          "starting with a letter or digit (torchrig_cluster_name). Nothing was fetched.")
     for host, state in states.items():
         check_state(host, state)
+    sources = check_declared(declared)
+    ignored: list[str] = []
+    for host in sorted(states):
+        states[host], left_out = declared_only(host, states[host], sources)
+        ignored += left_out
     # Absolute: apt reads the paths of its root relative to Dir, not to the working directory.
     cache, key_dir = cache.absolute(), key_dir.absolute()
     home = cache / "clusters" / cluster
@@ -304,7 +431,14 @@ def fetch(states: dict, packages: list[str], cache: Path, key_dir: Path, recomme
             roots[root.dir].state = state
             name = f"{state['os']}-{state['release']}-{state['arch']}"
             with locked(cache / "archives.lock"):
-                wanted = roots[root.dir].download(host, packages, recommends and state["recommends"])
+                try:
+                    wanted = roots[root.dir].download(host, packages, recommends and state["recommends"])
+                except FetchError as e:
+                    mine = [i for i in ignored if i.startswith(f"{host}: ")]
+                    if not mine:
+                        raise
+                    raise FetchError(f"{e} The node's sources not declared in package_source_apt_sources "
+                                     f"were left out: {'; '.join(mine)}.") from e
                 new_debs.setdefault(name, {}).update(
                     link_into_pool(cache / "archives", home / "repo" / name / "pool", wanted))
         added, size, repos, inrelease, resigned = [], 0, {}, {}, False
@@ -323,7 +457,7 @@ def fetch(states: dict, packages: list[str], cache: Path, key_dir: Path, recomme
             repos[name] = str(repo)
             inrelease[name] = hashlib.sha256((repo / "InRelease").read_bytes()).hexdigest()
     return {"changed": bool(added) or resigned or key["created"], "added": added, "bytes": size, "repos": repos,
-            "inrelease": inrelease, "key": key}
+            "inrelease": inrelease, "key": key, "ignored": ignored}
 
 
 def link_into_pool(archives: Path, pool: Path, wanted: dict[str, int]) -> dict[str, int]:
@@ -357,22 +491,35 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     key = sub.add_parser("key")
     key.add_argument("--dir", type=Path, required=True)
+    sub.add_parser("fingerprints")
     get = sub.add_parser("fetch")
     get.add_argument("--states", type=Path, required=True)
     get.add_argument("--cache", type=Path, required=True)
     get.add_argument("--key-dir", type=Path, required=True)
     get.add_argument("--cluster", required=True, help="the cluster's name: its own apt roots and repository")
+    get.add_argument("--sources", required=True,
+                     help="JSON: the declared sources, [{uri, fingerprints}]; a node's other sources are left out")
     get.add_argument("--no-recommends", action="store_true")
     get.add_argument("packages", nargs="+")
     args = parser.parse_args()
+    if args.command == "fingerprints":
+        with tempfile.TemporaryDirectory(prefix="torchrig-keys-") as tmp:
+            home = Path(tmp) / "gnupg"
+            home.mkdir(mode=0o700)
+            print(json.dumps(key_fingerprints(home, base64.b64decode(sys.stdin.read()))))
+        return
     key_dir = (args.dir if args.command == "key" else args.key_dir).absolute()
     try:
         if args.command == "key":
             print(json.dumps(ensure_key(key_dir)))
         else:
             states = json.loads(args.states.read_text())
+            try:
+                declared = json.loads(args.sources)
+            except ValueError as e:
+                raise FetchError(f"--sources is not JSON ({e}). Nothing was fetched.") from e
             print(json.dumps(fetch(states, args.packages, args.cache, key_dir, not args.no_recommends,
-                                   args.cluster)))
+                                   args.cluster, declared)))
     except FetchError as e:
         sys.exit(str(e))
     finally:
