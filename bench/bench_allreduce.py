@@ -32,7 +32,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="torchrig-bench-allreduce-") as results:
         ansible(["ansible-playbook", "playbooks/health.yml", "-e", f"nodes={args.nodes}",
-                 "-e", f"max_bytes={args.max_bytes}", "-e", f"results_dir={results}"],
+                 "-e", f"health_max_bytes={args.max_bytes}", "-e", f"results_dir={results}"],
                 args.inventory)
         report = json.loads((Path(results) / "health" / "report.json").read_text())
 

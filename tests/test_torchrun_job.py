@@ -13,6 +13,8 @@ import pytest
 from rolepy import ROOT, load
 
 job = load("roles/torchrun/filter_plugins/torchrun_job.py", "torchrun_job")
+CONTRACT = load("roles/torchrig/filter_plugins/torchrig_contract.py", "torchrig_contract").contract()
+ENV, FILES = CONTRACT["env"], CONTRACT["files"]
 
 
 # --- extra_args ---------------------------------------------------------------------------
@@ -45,15 +47,15 @@ def test_bad_extra_args_are_named(value, message):
 
 
 def test_arguments_reach_the_script_whole_through_the_environment_file(tmp_path: Path):
-    """The role writes TORCHRIG_ARGS="<JSON>" into the job's EnvironmentFile; inside double
+    """The role writes the job's arguments as NAME="<JSON>" into the job's EnvironmentFile; inside double
     quotes systemd reads it as a POSIX shell does (systemd.exec), so a shell reads the
     file here, and torchrig.worker hands the script exactly the arguments given."""
     args = ["7", "two words", "it's \"quoted\"", "$HOME `id` \\n", "ünï", ""]
     env_file = tmp_path / "job.env"
-    env_file.write_text(f"TORCHRIG_ARGS={job.env_value(json.dumps(args))}\n")
+    env_file.write_text(f"{ENV['args']}={job.env_value(json.dumps(args))}\n")
     script = tmp_path / "show.py"
     script.write_text("import json, os, sys\n"
-                      "print(json.dumps([sys.argv[1:], 'TORCHRIG_ARGS' in os.environ]))\n")
+                      f"print(json.dumps([sys.argv[1:], {ENV['args']!r} in os.environ]))\n")
     src = ROOT / "training" / "src"
     env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env.pop("TORCHELASTIC_RUN_ID", None)
@@ -68,7 +70,7 @@ def test_arguments_reach_the_script_whole_through_the_environment_file(tmp_path:
 
 def test_a_line_break_cannot_enter_the_environment_file():
     with pytest.raises(job.JobError, match="line break"):
-        job.env_value("a\nTORCHRIG_RUN_DIR=/")
+        job.env_value(f"a\n{ENV['run_dir']}=/")
 
 
 # --- what comes back ----------------------------------------------------------------------
@@ -83,12 +85,12 @@ def found(*files: tuple[str, int]) -> list[dict]:
 
 
 def test_the_package_job_fetches_its_model_not_its_checkpoints():
-    plan = job.fetch_plan(found(("summary.json", 300), ("model.safetensors", 900_000),
+    plan = job.fetch_plan(found((FILES["summary"], 300), ("model.safetensors", 900_000),
                                 ("model.json", 500), ("checkpoints/ckpt_00000100.pt", 2 * MB),
                                 ("checkpoints/.ckpt_00000200.pt.n1.7.tmp", 100),
                                 ("tensorboard/events.out", 4000)), RUN, 1024)
     assert [f["rel"] for f in plan["files"]] == [
-        "model.json", "model.safetensors", "summary.json", "tensorboard/events.out"]
+        "model.json", "model.safetensors", FILES["summary"], "tensorboard/events.out"]
     assert plan["bytes"] == 300 + 900_000 + 500 + 4000 and not plan["over"]
 
 
@@ -102,9 +104,9 @@ def test_a_script_job_fetches_every_file_pt_included():
 
 def test_outputs_over_the_limit_are_not_fetched_and_the_largest_are_named():
     plan = job.fetch_plan(found(("output/huge.bin", 3000 * MB), ("output/small.txt", 1),
-                                ("metrics.jsonl", 2 * MB)), RUN, 1024)
+                                (FILES["metrics"], 2 * MB)), RUN, 1024)
     assert plan["over"] and plan["mb"] == 3002.0
-    assert plan["largest"][:2] == ["output/huge.bin (3000.0 MB)", "metrics.jsonl (2.0 MB)"]
+    assert plan["largest"][:2] == ["output/huge.bin (3000.0 MB)", f"{FILES['metrics']} (2.0 MB)"]
     # The limit is inclusive, in MB.
     assert not job.fetch_plan(found(("a", 1024 * MB)), RUN, 1024)["over"]
     assert job.fetch_plan(found(("a", 1024 * MB + 1)), RUN, 1024)["over"]

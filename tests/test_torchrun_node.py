@@ -6,10 +6,17 @@ The module itself runs in every train.yml (the molecule cluster scenario); these
 cover the layouts the local cluster does not have: several NICs, docker0, VLANs.
 """
 
+import json
+import os
+
 import pytest
-from rolepy import FIXTURES, load
+import yaml
+from conftest import run
+from rolepy import FIXTURES, ROOT, load
 
 node = load("roles/torchrun/module_utils/torchrun_net.py", "torchrun_net")
+CONTRACT = load("roles/torchrig/filter_plugins/torchrig_contract.py", "torchrig_contract").contract()
+ENV, FILES = CONTRACT["env"], CONTRACT["files"]
 
 # A GPU server: a fast cluster NIC without the default route,
 # a VLAN, docker0.
@@ -45,23 +52,23 @@ def test_gpus_are_counted_from_the_drivers_proc_entries(tmp_path):
 
 
 def env(port: int, is_host: int) -> str:
-    return (f"# Job x\nTORCHRIG_RDZV_ENDPOINT=10.0.0.1:{port}\nTORCHRIG_RDZV_IS_HOST={is_host}\n"
-            "TORCHRIG_NNODES=2\n")
+    return (f"# Job x\n{ENV['rdzv_endpoint']}=10.0.0.1:{port}\n{ENV['rdzv_is_host']}={is_host}\n"
+            f"{ENV['nnodes']}=2\n")
 
 
 def test_a_port_is_taken_only_by_jobs_that_host_their_rendezvous_on_it():
     envs = {"a": env(29417, 1), "b": env(29417, 0), "c": env(29418, 1), "d": "# no endpoint\n"}
-    assert node.jobs_hosting_port(envs, 29417) == ["a"]
-    assert node.jobs_hosting_port(envs, 29418) == ["c"]
-    assert node.jobs_hosting_port(envs, 29400) == []
+    assert node.jobs_hosting_port(envs, 29417, ENV) == ["a"]
+    assert node.jobs_hosting_port(envs, 29418, ENV) == ["c"]
+    assert node.jobs_hosting_port(envs, 29400, ENV) == []
 
 
 def test_a_job_that_ended_for_good_is_over_while_systemd_still_stops_its_unit():
-    fatal = {"file": "fatal.json", "kind": "usage error"}
+    fatal = {"file": FILES["fatal"], "kind": "usage error"}
     assert node.job_running("active", {})
     assert node.job_running("deactivating", {})
     assert not node.job_running("deactivating", fatal)
-    assert not node.job_running("active", {"file": "ended.json", "kind": "nodes missing"})
+    assert not node.job_running("active", {"file": FILES["ended"], "kind": "nodes missing"})
     assert not node.job_running("failed", {})
     assert not node.job_running(None, {})
 
@@ -107,3 +114,57 @@ def test_an_element_torchrig_does_not_read_is_named():
     text = '{"nftables": [{"set": {"name": "peers4", "elem": [{"set": ["10.0.0.1"]}]}}]}'
     with pytest.raises(ValueError, match=r"an nftables set element torchrig does not read: \{'set'"):
         node.nft_set_ranges(text)
+
+
+# --- issue 31, item 5: the firewall check fails closed -------------------------------------
+
+
+def run_module(tmp_path, nft_status: int, **args) -> dict:
+    """torchrun_node run by Ansible on this machine, with an `nft` that says whether
+    torchrig's table is loaded (exit status 0) or not (1, nft's own message)."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "nft").write_text("#!/bin/sh\n"
+                              f"[ {nft_status} = 0 ] || echo 'Error: No such file or directory' >&2\n"
+                              f"exit {nft_status}\n")
+    (fake / "nft").chmod(0o755)
+    module_args = {"address": "127.0.0.1", "venv": str(tmp_path), "unit": "torchrig-job@t.service",
+                   "env_names": ENV, **args}
+    proc = run(["ansible", "localhost", "-c", "local", "-M", "roles/torchrun/library", "-m", "torchrun_node",
+                "-a", json.dumps(module_args)],
+               env={"PATH": f"{fake}:{os.environ['PATH']}", "ANSIBLE_MODULE_UTILS": "roles/torchrun/module_utils",
+                    "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "json"}, timeout=120)
+    return json.loads(proc.stdout[proc.stdout.index("{"):])["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+def test_a_node_without_torchrigs_firewall_refuses_the_job(tmp_path):
+    """Before, no table meant 'no peers refused' and the job started with its store open
+    to anyone who reached the node."""
+    result = run_module(tmp_path, 1)
+    assert result.get("failed"), result
+    assert result["msg"].startswith("This node has no torchrig firewall (nftables table inet torchrig is not "
+                                    "loaded; nft says: Error: No such file or directory), so the job's "
+                                    "rendezvous store and workers would take connections from anywhere.")
+    assert "torchrig_firewall: false. No job was started." in result["msg"]
+
+
+def test_the_inventory_may_say_another_firewall_guards_the_nodes(tmp_path):
+    result = run_module(tmp_path, 1, firewall_required=False)
+    assert not result.get("failed"), result
+    assert result["firewall_loaded"] is False
+
+
+def test_a_node_with_torchrigs_firewall_goes_on(tmp_path):
+    result = run_module(tmp_path, 0)
+    assert not result.get("failed"), result
+    assert result["firewall_loaded"] is True and result["interface"] == "lo"
+
+
+def test_the_role_asks_for_the_firewall_unless_the_inventory_says_it_is_off():
+    """torchrun_firewall follows torchrig_firewall (true by default), and the role hands it on."""
+    torchrig = yaml.safe_load((ROOT / "roles/torchrig/defaults/main.yml").read_text())
+    torchrun = yaml.safe_load((ROOT / "roles/torchrun/defaults/main.yml").read_text())
+    tasks = (ROOT / "roles/torchrun/tasks/main.yml").read_text()
+    assert torchrig["torchrig_firewall"] is True
+    assert torchrun["torchrun_firewall"] == "{{ torchrig_firewall }}"
+    assert 'firewall_required: "{{ torchrun_firewall | bool }}"' in tasks

@@ -5,6 +5,7 @@ tests/test_train_validation.py runs the same checks through train.yml."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import yaml
 from rolepy import ROOT, load
 
 req = load("roles/torchrun_request/filter_plugins/torchrun_request.py", "torchrun_request")
+ENV = load("roles/torchrig/filter_plugins/torchrig_contract.py", "torchrig_contract").contract("env")
 HOSTS = ["node1", "node2"]
 
 
@@ -24,29 +26,53 @@ def refused(values: dict, hosts: list[str] = HOSTS) -> str:
     return message
 
 
+def settings(values: dict, hosts: list[str] = HOSTS, **kwargs) -> dict:
+    """The torchrun role's settings the request gives, by the role's own names."""
+    return req.request(values, hosts, "cluster", **kwargs)["vars"]
+
+
 def test_defaults_give_every_host_and_the_package_job():
-    settings = req.request({}, HOSTS)
-    assert settings == {
-        "job": "mnist5k-cnn", "nodes": HOSTS, "options": {"dataset": "mnist5k", "model": "cnn"},
-        "min_nodes": 0, "rdzv_port": 0, "nproc_per_node": 0, "max_restarts": 3, "script": "",
-        "entry": "train.py", "extra_args": [], "wait": True,
-    }
+    """What was not given is the torchrun role's default, read from its defaults file: the
+    defaults live there only."""
+    torchrun = yaml.safe_load((ROOT / "roles/torchrun/defaults/main.yml").read_text())
+    decided = req.request({}, HOSTS, "cluster", "/ctl/runs")
+    assert decided == {"nodes": HOSTS, "vars": {
+        "torchrun_job": "mnist5k-cnn", "torchrun_nnodes": 2, "torchrun_rdzv_node": "node1",
+        "torchrun_train_options": {"dataset": "mnist5k", "model": "cnn"},
+        "torchrun_min_nodes": 0, "torchrun_rdzv_port": 0, "torchrun_nproc_per_node": 0,
+        "torchrun_max_restarts": 3, "torchrun_script": "", "torchrun_script_entry": "train.py",
+        "torchrun_extra_args": [], "torchrun_env": {}, "torchrun_wait": True,
+        "torchrun_fetch_dir": "/ctl/runs/mnist5k-cnn",
+    }}
+    assert all(decided["vars"][name] == torchrun[name] for name in (
+        "torchrun_min_nodes", "torchrun_rdzv_port", "torchrun_nproc_per_node", "torchrun_max_restarts",
+        "torchrun_script", "torchrun_script_entry", "torchrun_extra_args", "torchrun_env", "torchrun_wait"))
+    assert set(decided["vars"]) <= set(torchrun), "every setting is a torchrun role variable"
+
+
+def test_every_train_yml_name_sets_a_torchrun_variable_the_role_declares():
+    specs = yaml.safe_load((ROOT / "roles/torchrun/meta/argument_specs.yml").read_text())
+    declared = set(specs["argument_specs"]["main"]["options"])
+    assert {v for v in req.NAMES.values() if v} <= declared
 
 
 def test_options_become_the_packages_flags_with_their_types():
-    settings = req.request({"nodes": "1", "dataset": "digits", "epochs": "3", "batch_size": 64, "lr": "1e-3",
-                            "seed": "7", "checkpoint_every": "0", "train_options": {"keep-checkpoints": 5},
-                            "detach": "yes", "extra_args": '7 "two words"'}, HOSTS)
-    assert settings["job"] == "digits-cnn"
-    assert settings["nodes"] == ["node1"]
-    assert settings["options"] == {"dataset": "digits", "model": "cnn", "epochs": 3, "batch-size": 64, "lr": 0.001,
-                                   "seed": 7, "checkpoint-every": 0, "keep-checkpoints": 5}
-    assert settings["wait"] is False
-    assert settings["extra_args"] == ["7", "two words"]
+    decided = req.request({"nodes": "1", "dataset": "digits", "epochs": "3", "batch_size": 64, "lr": "1e-3",
+                           "seed": "7", "checkpoint_every": "0", "train_options": {"keep-checkpoints": 5},
+                           "detach": "yes", "extra_args": '7 "two words"', "results_dir": "/r"}, HOSTS)
+    assert decided["nodes"] == ["node1"]
+    got = decided["vars"]
+    assert (got["torchrun_job"], got["torchrun_nnodes"], got["torchrun_rdzv_node"]) == ("digits-cnn", 1, "node1")
+    assert got["torchrun_train_options"] == {"dataset": "digits", "model": "cnn", "epochs": 3, "batch-size": 64,
+                                             "lr": 0.001, "seed": 7, "checkpoint-every": 0, "keep-checkpoints": 5}
+    assert got["torchrun_wait"] is False
+    assert got["torchrun_extra_args"] == ["7", "two words"]
+    assert got["torchrun_fetch_dir"] == "/r/digits-cnn"
 
 
 def test_hosts_named_keep_their_order():
     assert req.request({"nodes": "node2, node1"}, HOSTS)["nodes"] == ["node2", "node1"]
+    assert settings({"nodes": "node2, node1"})["torchrun_rdzv_node"] == "node2"
 
 
 @pytest.mark.parametrize("nodes", ["0", "abc", "-1", "1.5", "node1,node9", "node1,node1"])
@@ -72,7 +98,7 @@ def test_job_names_that_are_not_unit_names_are_refused(job):
 def test_the_job_name_rule_is_the_torchrig_roles():
     defaults = yaml.safe_load((ROOT / "roles/torchrig/defaults/main.yml").read_text())
     assert req.job_name_pattern() == defaults["torchrig_job_name_pattern"]
-    assert req.request({"job": "a" * 64}, HOSTS)["job"] == "a" * 64
+    assert settings({"job": "a" * 64})["torchrun_job"] == "a" * 64
 
 
 @pytest.mark.parametrize(("values", "shown"), [
@@ -84,7 +110,8 @@ def test_the_job_name_rule_is_the_torchrig_roles():
     ({"lr": "0"}, 'lr a positive number (got "0")'),
     ({"seed": "-1"}, '(got "-1", "default")'),
     ({"checkpoint_every": "abc"}, '(got "default", "abc")'),
-    ({"rdzv_port": "70000"}, 'rdzv_port a port number (got "70000")'),
+    ({"rdzv_port": "70000"}, 'rdzv_port a port of torchrig_rdzv_ports, 29400-29499, which the firewall '
+                             'opens to peers (got "70000")'),
     ({"max_restarts": "-1"}, '(got "-1", "default")'),
     ({"nproc_per_node": "two"}, '(got "default", "two")'),
     ({"detach": "maybe"}, "detach true or false"),
@@ -115,7 +142,7 @@ def test_the_options_are_checked_by_the_packages_check_settings(monkeypatch):
     monkeypatch.setattr(config, "check_settings", check_settings)
     assert refused({"epochs": "3"}).startswith("Bad training option.")
     assert seen[-1] == {"dataset": "mnist5k", "model": "cnn", "epochs": "3"}
-    assert req.request({"seed": "3"}, HOSTS)["options"]["seed"] == 3
+    assert settings({"seed": "3"})["torchrun_train_options"]["seed"] == 3
 
 
 @pytest.mark.parametrize("min_nodes", ["0", "3", "abc", "1.5"])
@@ -126,7 +153,7 @@ def test_bad_min_nodes_names_the_range(min_nodes):
 
 
 def test_min_nodes_counts_the_selected_nodes():
-    assert req.request({"nodes": "2", "min_nodes": "1"}, HOSTS)["min_nodes"] == 1
+    assert settings({"nodes": "2", "min_nodes": "1"})["torchrun_min_nodes"] == 1
     assert "from 1 to the job's 1 nodes" in refused({"nodes": "1", "min_nodes": "2"})
 
 
@@ -140,8 +167,8 @@ def test_a_script_directory_and_its_entry_file(tmp_path: Path):
     (code / "pkg").mkdir(parents=True)
     (code / "pkg" / "main.py").write_text("print('entry')\n")
     (tmp_path / "outside.py").write_text("print('outside')\n")
-    settings = req.request({"script": str(code), "entry": "pkg/main.py"}, HOSTS)
-    assert (settings["script"], settings["entry"]) == (str(code), "pkg/main.py")
+    got = settings({"script": str(code), "entry": "pkg/main.py"})
+    assert (got["torchrun_script"], got["torchrun_script_entry"]) == (str(code), "pkg/main.py")
     assert f'entry="train.py" must name a file inside the script directory (script={code})' in refused(
         {"script": str(code)})
     assert 'entry="../outside.py" must name a file' in refused({"script": str(code), "entry": "../outside.py"})
@@ -152,7 +179,7 @@ def test_a_script_directory_and_its_entry_file(tmp_path: Path):
 def test_a_script_file_needs_no_entry(tmp_path: Path):
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
-    assert req.request({"script": str(script)}, HOSTS)["script"] == str(script)
+    assert settings({"script": str(script)})["torchrun_script"] == str(script)
 
 
 def test_the_entry_rule_is_the_torchrun_roles():
@@ -218,3 +245,98 @@ def test_every_option_shows_its_default_as_defaults_main_gives_it(role):
             assert option["default"] == defaults[name], (entry, name)
     assert set(defaults) == set(specs["main"]["options"]) | {
         name for spec in specs.values() for name in spec["options"]}
+
+
+# --- issue 31: every name and value given is checked, with full matches, before any host ---
+
+
+@pytest.mark.parametrize("port", ["29399", "29500", "30000", "1", "65535"])
+def test_a_rendezvous_port_outside_the_firewalls_range_is_refused(port):
+    """Item 6: the firewall opens torchrig_rdzv_ports only; any other port ended in a join
+    timeout. Before: any port 1-65535 passed."""
+    assert f'which the firewall opens to peers (got "{port}")' in refused({"rdzv_port": port})
+
+
+def test_the_rendezvous_range_is_the_inventorys_setting():
+    assert settings({"rdzv_port": "30010"}, rdzv_ports="30000-30099")["torchrun_rdzv_port"] == 30010
+    assert "torchrig_rdzv_ports, 30000-30099," in refused_with({"rdzv_port": "29400"}, rdzv_ports="30000-30099")
+    defaults = yaml.safe_load((ROOT / "roles/torchrig/defaults/main.yml").read_text())
+    assert req.rdzv_ports_default() == defaults["torchrig_rdzv_ports"]
+
+
+def refused_with(values: dict, **kwargs) -> str:
+    with pytest.raises(req.RequestError) as e:
+        req.request(values, HOSTS, "cluster", **kwargs)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("env", [
+    {"A": f"1\n{ENV['entrypoint']}=-c import os; os.system('id')"},
+    {"A": "x\ry"}, {"A": "tab\there"}, {"A": "nul\x00"}, {"A": None}, {"A": ["x"]}, {"A": True},
+])
+def test_an_env_value_that_could_start_another_variable_is_refused(env):
+    """Item 7: values were written raw into the job's env file, so a newline set any
+    variable, the entry point included."""
+    message = refused({"env": env})
+    assert message.startswith("-e env is a mapping of NAME: value")
+    assert "values strings or numbers on one line, without control characters; the value of A" in message
+
+
+@pytest.mark.parametrize("name", [ENV["entrypoint"], ENV["args"], ENV["job"] + "_X", "1A", "A-B", "A B",
+                                  "A\n", "A=B", ""])
+def test_env_names_are_shell_names_and_not_the_contracts(name):
+    """Item 7: env names were not checked; the job contract's (its prefix) are torchrig's."""
+    assert f"the name {json.dumps(name)} is not one." in refused({"env": {name: "1"}})
+
+
+def test_good_env_reaches_the_job_as_strings():
+    assert settings({"env": {"NCCL_IB_DISABLE": 1, "MY_FLAG": "a b $HOME"}})["torchrun_env"] == {
+        "NCCL_IB_DISABLE": "1", "MY_FLAG": "a b $HOME"}
+    assert "mapping of NAME: value" in refused({"env": "A=1"})
+
+
+@pytest.mark.parametrize("name", ["my script.py", "x;id.py", "$(id).py", "train.py\n"])
+def test_a_script_files_own_name_is_checked(tmp_path: Path, name):
+    """Item 7: a script file's name goes on the job's command line (the entry point)."""
+    script = tmp_path / name
+    script.write_text("print('hi')\n")
+    message = refused({"script": str(script)})
+    assert f"the file's name {json.dumps(name)} must be letters, digits" in message
+
+
+def test_entry_names_are_full_matches(tmp_path: Path):
+    """Item 7: re.match with $ accepted a trailing newline."""
+    code = tmp_path / "ddp"
+    code.mkdir()
+    (code / "main.py\n").write_text("print('x')\n")
+    assert 'entry="main.py\\n" must name a file' in refused({"script": str(code), "entry": "main.py\n"})
+
+
+@pytest.mark.parametrize("train_options", [{"epochs": 0}, {"lr": "fast"}, {"no-such-option": 1},
+                                           {"batch-size": [1, 2]}])
+def test_train_options_are_checked_with_the_rest(train_options):
+    """Item 7: train_options were merged after the checks, so {"epochs": 0} reached the job."""
+    message = refused({"train_options": train_options})
+    assert message.startswith("Bad training option.")
+    assert f"(got {json.dumps(train_options)}). Found: " in message
+
+
+def test_train_options_win_over_the_named_options():
+    assert settings({"epochs": "3", "train_options": {"epochs": 5}})["torchrun_train_options"]["epochs"] == 5
+
+
+@pytest.mark.parametrize(("typed", "hint"), [(["epoch"], " (did you mean epochs?)"),
+                                             (["data"], " (did you mean dataset?)"),
+                                             (["nodes", "restarts"], " (did you mean max_restarts?)"),
+                                             (["frobnicate"], "")])
+def test_an_unknown_e_name_is_refused_naming_it_and_the_known_ones(typed, hint):
+    """Item 7: `-e epoch=3` was ignored without a word; the job trained with the default."""
+    message = refused_with({}, typed=typed)
+    bad = [n for n in typed if n != "nodes"][0]
+    assert message.startswith(f"-e {bad} is not a setting of train.yml{hint}. train.yml's settings: nodes, job,")
+    assert "results_dir, group;" in message
+
+
+def test_role_settings_and_ansibles_own_names_may_be_typed():
+    typed = ["epochs", "torchrun_join_timeout", "torchrig_rdzv_ports", "ansible_user", "_raw_params"]
+    req._check_names(typed)

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 from conftest import run
+from rolepy import load
+
+ENV = load("roles/torchrig/filter_plugins/torchrig_contract.py", "torchrig_contract").contract("env")
 
 INVENTORY = """
 all:
@@ -97,7 +100,7 @@ def test_options_that_are_not_whole_numbers_are_refused(inventory: Path, option:
     """They used to become 0 silently (Jinja's int filter)."""
     out = train(inventory, "-e", "nodes=2", "-e", f"{option}={value}")
     assert "seed and checkpoint_every whole numbers >= 0" in out
-    assert "rdzv_port a port number" in out
+    assert "rdzv_port a port of torchrig_rdzv_ports, 29400-29499" in out
     assert f'"{value}"' in out
 
 
@@ -134,3 +137,61 @@ def test_entry_must_be_a_file_inside_the_script_directory(inventory: Path, tmp_p
     for extra, shown in cases:
         out = train(inventory, "-e", "nodes=2", *extra)
         assert shown in out, (extra, out)
+
+
+# --- issue 31, items 6 and 7, through train.yml: refused before the job's play -------------
+
+
+def test_a_rendezvous_port_the_firewall_does_not_open_is_refused(inventory: Path) -> None:
+    out = train(inventory, "-e", "nodes=2", "-e", "rdzv_port=30000")
+    assert ('rdzv_port a port of torchrig_rdzv_ports, 29400-29499, which the firewall opens to peers '
+            '(got "30000")') in out
+
+
+def test_the_inventorys_rendezvous_ports_are_the_range(tmp_path: Path) -> None:
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(INVENTORY + "      vars: {torchrig_rdzv_ports: 30000-30099}\n")
+    out = train(inv, "-e", "nodes=2", "-e", "rdzv_port=29400")
+    assert "torchrig_rdzv_ports, 30000-30099," in out
+
+
+def test_a_newline_in_an_env_value_is_refused(inventory: Path) -> None:
+    """It would have set the job's entry point in its env file: any command, on every node."""
+    out = train(inventory, "-e", "nodes=2", "-e",
+                json.dumps({"env": {"A": f"1\n{ENV['entrypoint']}=-c import os; os.system('id')"}}))
+    assert "values strings or numbers on one line, without control characters; the value of A" in out
+
+
+def test_an_env_name_of_the_contract_is_refused(inventory: Path) -> None:
+    out = train(inventory, "-e", "nodes=2", "-e", json.dumps({"env": {ENV["entrypoint"]: "-c 1"}}))
+    assert f'the name "{ENV["entrypoint"]}" is not one.' in out
+
+
+@pytest.mark.parametrize(("typed", "shown"), [
+    ("epoch=3", "-e epoch is not a setting of train.yml (did you mean epochs?)"),
+    ("data=digits", "-e data is not a setting of train.yml (did you mean dataset?)"),
+])
+def test_a_misspelt_name_is_refused(inventory: Path, typed: str, shown: str) -> None:
+    """It was ignored: the job trained with the default epochs."""
+    out = train(inventory, "-e", "nodes=2", "-e", typed)
+    assert shown in out
+    assert "train.yml's settings: nodes, job, dataset, model, epochs," in out
+
+
+def test_a_misspelt_name_in_a_vars_file_is_refused(inventory: Path, tmp_path: Path) -> None:
+    extra = tmp_path / "job.yml"
+    extra.write_text("nodes: 2\nbatchsize: 64\n")
+    out = train(inventory, "-e", f"@{extra}")
+    assert "-e batchsize is not a setting of train.yml (did you mean batch_size?)" in out
+
+
+def test_train_options_are_checked(inventory: Path) -> None:
+    out = train(inventory, "-e", "nodes=2", "-e", json.dumps({"train_options": {"epochs": 0}}))
+    assert "Bad training option." in out and "Found: epochs must be an integer >= 1, got '0'." in out
+
+
+def test_a_script_file_name_with_a_space_is_refused(inventory: Path, tmp_path: Path) -> None:
+    script = tmp_path / "my train.py"
+    script.write_text("print('hi')\n")
+    out = train(inventory, "-e", "nodes=2", "-e", json.dumps({"script": str(script)}))
+    assert "the file's name \"my train.py\" must be letters, digits" in out

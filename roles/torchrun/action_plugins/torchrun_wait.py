@@ -30,9 +30,10 @@ def progress_line(job: str, host: str, state: dict, metrics: dict) -> str:
 
 
 class ActionModule(ActionBase):
-    """torchrun_wait: job, unit, metrics, run_dir, poll_interval, progress_every, timeout."""
+    """torchrun_wait: job, unit, metrics, run_dir, end_files, poll_interval, progress_every, timeout."""
 
-    _VALID_ARGS = frozenset(("job", "unit", "metrics", "run_dir", "poll_interval", "progress_every", "timeout"))
+    _VALID_ARGS = frozenset(("job", "unit", "metrics", "run_dir", "end_files", "poll_interval", "progress_every",
+                             "timeout"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -49,6 +50,7 @@ class ActionModule(ActionBase):
             out = self._execute_module(
                 module_name="torchrun_job_state",
                 module_args={"unit": unit, "metrics": metrics_path, "run_dir": args.get("run_dir"),
+                             "end_files": args.get("end_files", []),
                              "poll_interval": poll,
                              "max_seconds": max(0.0, min(every, remaining))},
                 task_vars=task_vars)

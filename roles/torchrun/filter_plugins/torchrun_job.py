@@ -105,7 +105,7 @@ def fetch_plan(files: list[dict], run_dir: str, limit_mb: float,
 
 
 def newest_rank0(nodes: list[str], times: list) -> str:
-    """The node whose rank0.json is newest (`times`: each node's mtime, '' for none);
+    """The node whose rank 0 note (the contract's files.rank0) is newest (`times`: each node's mtime, '' for none);
     '' when no node has one.
 
     Rank 0 can move to another node when torchrun restarts the workers; the note of the

@@ -22,15 +22,22 @@ short_description: Poll a torchrig job's unit until it ends or max_seconds pass
 description:
   - Reads the unit's state from systemd every poll_interval seconds, returns as
     soon as it is no longer active (or activating, deactivating, reloading), or
-    the job has ended for good on this node (fatal.json or ended.json; systemd may
+    the job has ended for good on this node (one of end_files; systemd may
     still be stopping the unit), or max_seconds have passed, with the last line of
     the job's metrics. Changes nothing.
 options:
   unit: {description: The job's systemd unit., type: str, required: true}
-  metrics: {description: The job's metrics.jsonl on this node., type: path, required: true}
+  metrics: {description: The job's metrics file on this node., type: path, required: true}
   poll_interval: {description: Seconds between polls., type: float, default: 5}
   max_seconds: {description: Return after this many seconds even if the job still runs., type: float, default: 30}
-  run_dir: {description: The job's run directory (its fatal.json or ended.json says why it ended)., type: path}
+  run_dir: {description: The job's run directory (one of its end_files says why it ended)., type: path}
+  end_files:
+    description: >-
+      The files a job leaves in run_dir when it ends for good (the job contract's files.fatal and
+      files.ended).
+    type: list
+    elements: str
+    default: []
 """
 
 RETURN = r"""
@@ -46,15 +53,13 @@ metrics: {description: "The newest metrics record on this node, empty before the
 polls: {description: How many times systemd was asked, type: int, returned: always}
 ended:
   description: >-
-    fatal.json (a worker's usage, import or missing-file error) or ended.json
-    (nodes that did not join) from the run directory, with the file's name; {} when neither.
+    The first of end_files found in the run directory (a worker's usage, import or missing-file
+    error; nodes that did not join), with the file's name; {} when none.
   type: dict
   returned: always
 """
 
 PROPERTIES = ("ActiveState", "SubState", "Result", "NRestarts", "StateChangeTimestamp")
-# Written by torchrig.worker and torchrig.launch on the node when a job ends for good.
-END_FILES = ("fatal.json", "ended.json")
 
 
 def unit_state(unit: str) -> dict[str, str]:
@@ -84,9 +89,10 @@ def last_metrics(path: str) -> dict:
     return {}
 
 
-def ended_for_good(run_dir: str | None) -> dict:
-    """The first of END_FILES in run_dir, parsed, with its name under "file"; {} if none."""
-    for name in END_FILES if run_dir else ():
+def ended_for_good(run_dir: str | None, end_files: list[str]) -> dict:
+    """The first of `end_files` (written by torchrig.worker and torchrig.launch when a job
+    ends for good) in run_dir, parsed, with its name under "file"; {} if none."""
+    for name in end_files if run_dir else ():
         try:
             with open(os.path.join(run_dir, name)) as f:
                 record = json.load(f)
@@ -103,7 +109,8 @@ def main() -> None:
                        "metrics": {"type": "path", "required": True},
                        "poll_interval": {"type": "float", "default": 5},
                        "max_seconds": {"type": "float", "default": 30},
-                       "run_dir": {"type": "path"}},
+                       "run_dir": {"type": "path"},
+                       "end_files": {"type": "list", "elements": "str", "default": []}},
         supports_check_mode=True,
     )
     p = module.params
@@ -115,7 +122,7 @@ def main() -> None:
         except (OSError, subprocess.CalledProcessError) as e:
             module.fail_json(msg=f"systemctl show {p['unit']} failed: {e}")
         polls += 1
-        ended = ended_for_good(p["run_dir"])
+        ended = ended_for_good(p["run_dir"], p["end_files"])
         running = job_running(state.get("ActiveState"), ended)
         if not running or time.monotonic() + p["poll_interval"] > deadline:
             break

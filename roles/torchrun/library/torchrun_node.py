@@ -61,6 +61,16 @@ options:
     type: list
     elements: str
     default: []
+  env_names:
+    description: The job contract's environment names (rdzv_endpoint, rdzv_is_host), to read other jobs' .env files.
+    type: dict
+    required: true
+  firewall_required:
+    description: >-
+      Fail, naming what to do, when torchrig's firewall (table inet torchrig) is not loaded here:
+      the job's rendezvous store and workers would take connections from anywhere.
+    type: bool
+    default: true
 """
 
 RETURN = r"""
@@ -76,6 +86,10 @@ unit_template: {description: Whether systemd can load the unit (its template is 
 rdzv_taken_by:
   description: Other jobs running here that host a rendezvous on rdzv_port.
   type: list
+  returned: always
+firewall_loaded:
+  description: Whether torchrig's firewall (table inet torchrig, from the firewall role) is loaded here.
+  type: bool
   returned: always
 firewall_refuses:
   description: >-
@@ -107,7 +121,23 @@ def rdzv_taken_by(module: AnsibleModule) -> list[str]:
             continue
         with open(os.path.join(config_dir, job + ".env")) as f:
             envs[job] = f.read()
-    return jobs_hosting_port(envs, module.params["rdzv_port"])
+    return jobs_hosting_port(envs, module.params["rdzv_port"], module.params["env_names"])
+
+
+FIREWALL_MISSING = (
+    "This node has no torchrig firewall (nftables table inet torchrig is not loaded{why}), so the "
+    "job's rendezvous store and workers would take connections from anywhere. Run provision.yml for "
+    "this node (its firewall role loads the table), or, where another firewall guards the training "
+    "ports, say so in the inventory: torchrig_firewall: false. No job was started.")
+
+
+def firewall_loaded(module: AnsibleModule) -> tuple[bool, str]:
+    """(whether table inet torchrig is loaded in the kernel, why not)."""
+    nft = shutil.which("nft")
+    if nft is None:
+        return False, "; the nft command is missing"
+    rc, _, err = module.run_command([nft, "list", "table", "inet", "torchrig"])
+    return rc == 0, "" if rc == 0 else f"; nft says: {err.strip() or f'exit status {rc}'}"
 
 
 def firewall_peers(module: AnsibleModule) -> tuple[list[str], list[str]]:
@@ -141,7 +171,9 @@ def main() -> None:
                        "rdzv_port": {"type": "int", "default": 0},
                        "config_dir": {"type": "path", "default": "/etc/torchrig/jobs"},
                        "gpus_dir": {"type": "path", "default": NVIDIA_GPUS_DIR},
-                       "peers": {"type": "list", "elements": "str", "default": []}},
+                       "peers": {"type": "list", "elements": "str", "default": []},
+                       "env_names": {"type": "dict", "required": True},
+                       "firewall_required": {"type": "bool", "default": True}},
         supports_check_mode=True,
     )
     ip = shutil.which("ip")
@@ -157,8 +189,13 @@ def main() -> None:
     rc, show, _ = module.run_command(["systemctl", "show", "--property=ActiveState,LoadState",
                                       module.params["unit"]])
     unit = dict(line.split("=", 1) for line in show.splitlines() if "=" in line) if rc == 0 else {}
-    refuses, allowed = firewall_peers(module)
+    # Fail closed: without the table nothing limits who reaches the job's ports.
+    loaded, why = firewall_loaded(module)
+    if module.params["firewall_required"] and not loaded:
+        module.fail_json(msg=FIREWALL_MISSING.format(why=why), firewall_loaded=False)
+    refuses, allowed = firewall_peers(module) if loaded else ([], [])
     module.exit_json(
+        firewall_loaded=loaded,
         changed=False,
         rdzv_taken_by=rdzv_taken_by(module) if module.params["rdzv_port"] else [],
         firewall_refuses=refuses,

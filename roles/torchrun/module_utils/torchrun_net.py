@@ -19,7 +19,7 @@ RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
 def job_running(active_state: str | None, ended: dict) -> bool:
     """Whether this node's part of a job still runs.
 
-    A part that has ended for good (`ended`: its fatal.json or ended.json) is over even
+    A part that has ended for good (`ended`: one of the contract's end files) is over even
     while systemd is still stopping its unit: the stop waits for every process of the
     unit to go, up to TimeoutStopSec (120 s), and was seen to wait that long after the
     job had ended and written why.
@@ -52,13 +52,14 @@ def count_gpus(gpus_dir: str = NVIDIA_GPUS_DIR) -> int:
         return 0
 
 
-def jobs_hosting_port(envs: dict[str, str], port: int) -> list[str]:
-    """The jobs, of those given as {job: its .env text}, that host a rendezvous on `port` here."""
+def jobs_hosting_port(envs: dict[str, str], port: int, names: dict[str, str]) -> list[str]:
+    """The jobs, of those given as {job: its .env text}, that host a rendezvous on `port` here.
+    `names`: the job contract's environment names (rdzv_endpoint, rdzv_is_host)."""
     hosting = []
     for job, text in sorted(envs.items()):
         settings = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
-        endpoint = settings.get("TORCHRIG_RDZV_ENDPOINT", "")
-        if settings.get("TORCHRIG_RDZV_IS_HOST") == "1" and endpoint.rpartition(":")[2] == str(port):
+        endpoint = settings.get(names["rdzv_endpoint"], "")
+        if settings.get(names["rdzv_is_host"]) == "1" and endpoint.rpartition(":")[2] == str(port):
             hosting.append(job)
     return hosting
 

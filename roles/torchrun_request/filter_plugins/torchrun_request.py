@@ -5,25 +5,36 @@ one RequestError whose message names the bad value and what is allowed. The chec
 a fixed order and the first that fails is the one reported. Plain functions, unit-tested in
 tests/test_torchrun_request.py; tests/test_train_validation.py runs them through train.yml.
 
-Four rules come from elsewhere, read by path so that there is one copy of each:
+train.yml's -e names are listed once, in NAMES below: the role reads the variables of
+these names (`torchrun_request_pattern`), and the settings come back under the torchrun
+role's own variable names, each set (the torchrun role's default where the name was not
+given), so that train.yml hands them on as they are.
 
-- the training options (dataset, model, epochs, batch_size, lr, seed, checkpoint_every):
-  the training package's own `check_settings`, DATASETS and MODELS
+Rules that come from elsewhere, read by path so that there is one copy of each:
+
+- the training options (dataset, model, epochs, batch_size, lr, seed, checkpoint_every and
+  train_options): the training package's own `check_settings`, DATASETS and MODELS
   (training/src/torchrig/config.py, standard library and PyYAML only; not `import
   torchrig`, which the controller's Ansible may not have installed);
-- a job's name: `torchrig_job_name_pattern` in roles/torchrig/defaults/main.yml;
+- the job's environment names, which `-e env` may not set: the package's job contract
+  (training/src/torchrig/contract.py);
+- a job's name: `torchrig_job_name_pattern`, and the rendezvous ports the firewall opens,
+  `torchrig_rdzv_ports`, in roles/torchrig/defaults/main.yml (the inventory may set the
+  latter; the role passes the inventory's value);
 - a script directory's entry file: `_torchrun_entry_pattern` in roles/torchrun/vars/main.yml;
+- the torchrun role's defaults (roles/torchrun/defaults/main.yml) for what was not given;
 - extra_args: the torchrun role's `job_args` (roles/torchrun/filter_plugins/torchrun_job.py).
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib.util
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -39,12 +50,34 @@ class RequestError(ValueError):
 ROLES = Path(__file__).resolve().parents[2]
 REPO = ROLES.parent
 CONFIG_PY = REPO / "training" / "src" / "torchrig" / "config.py"
+CONTRACT_PY = REPO / "training" / "src" / "torchrig" / "contract.py"
 JOB_ARGS_PY = ROLES / "torchrun" / "filter_plugins" / "torchrun_job.py"
-TORCHRIG_DEFAULTS = ROLES / "torchrig" / "defaults" / "main.yml"
+SHARED_DEFAULTS = ROLES / "torchrig" / "defaults" / "main.yml"
+TORCHRUN_DEFAULTS = ROLES / "torchrun" / "defaults" / "main.yml"
 TORCHRUN_VARS = ROLES / "torchrun" / "vars" / "main.yml"
 
 NOT_STARTED = "No job was started."
 WHOLE = re.compile(r"[0-9]+")
+PORTS = re.compile(r"\s*([0-9]+)\s*-\s*([0-9]+)\s*")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+# train.yml's -e names, the one list: name -> the torchrun role's variable it sets (None:
+# used by the request itself).
+NAMES: dict[str, str | None] = {
+    "nodes": "torchrun_nnodes", "job": "torchrun_job",
+    "dataset": "torchrun_train_options", "model": "torchrun_train_options",
+    "epochs": "torchrun_train_options", "batch_size": "torchrun_train_options",
+    "lr": "torchrun_train_options", "seed": "torchrun_train_options",
+    "checkpoint_every": "torchrun_train_options", "train_options": "torchrun_train_options",
+    "rdzv_port": "torchrun_rdzv_port", "max_restarts": "torchrun_max_restarts",
+    "nproc_per_node": "torchrun_nproc_per_node", "detach": "torchrun_wait",
+    "min_nodes": "torchrun_min_nodes", "script": "torchrun_script", "entry": "torchrun_script_entry",
+    "extra_args": "torchrun_extra_args", "env": "torchrun_env",
+    "results_dir": "torchrun_fetch_dir", "group": None,
+}
+# What Ansible keeps of an -e key=value that it split at a space.
+SPLIT = "_raw_params"
 # train.yml's names of the package's options and their flag names in the job's config.
 TRAINING_OPTIONS = {"epochs": ("epochs", int), "batch_size": ("batch-size", int),
                     "lr": ("lr", float), "seed": ("seed", int),
@@ -67,21 +100,45 @@ def training_config() -> ModuleType:
 
 
 @functools.cache
+def job_contract() -> ModuleType:
+    """The training package's job contract, loaded from its file."""
+    return _load(CONTRACT_PY, "torchrig_request_contract")
+
+
+@functools.cache
 def _job_args_module() -> ModuleType:
     return _load(JOB_ARGS_PY, "torchrig_request_job_args")
 
 
 @functools.cache
+def _yaml(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(path.read_text())
+
+
 def job_name_pattern() -> str:
     """torchrig_job_name_pattern, as the torchrig role's defaults give it."""
-    return yaml.safe_load(TORCHRIG_DEFAULTS.read_text())["torchrig_job_name_pattern"]
+    return _yaml(SHARED_DEFAULTS)["torchrig_job_name_pattern"]
 
 
-@functools.cache
+def rdzv_ports_default() -> str:
+    """torchrig_rdzv_ports, as the torchrig role's defaults give it."""
+    return _yaml(SHARED_DEFAULTS)["torchrig_rdzv_ports"]
+
+
 def entry_pattern() -> str:
     """What a script directory's entry file may be called: a relative path inside it, no
     '..', no spaces (the torchrun role's _torchrun_entry_pattern)."""
-    return yaml.safe_load(TORCHRUN_VARS.read_text())["_torchrun_entry_pattern"]
+    return _yaml(TORCHRUN_VARS)["_torchrun_entry_pattern"]
+
+
+def torchrun_default(name: str) -> Any:
+    """A torchrun role default (a plain value, not a template)."""
+    return _yaml(TORCHRUN_DEFAULTS)[name]
+
+
+def names_pattern(_: Any = None) -> str:
+    """train.yml's -e names as one full-match pattern, for ansible.builtin.varnames."""
+    return "^(" + "|".join([*NAMES, SPLIT]) + ")$"
 
 
 def _json(value: Any) -> str:
@@ -111,17 +168,43 @@ def job_name_problem(job: Any = None) -> str:
             f"{_json('nothing' if job is None else job)}.")
 
 
+def port_range(text: Any) -> tuple[int, int]:
+    """'29400-29499' as (29400, 29499)."""
+    m = PORTS.fullmatch(str(text))
+    if not m or not 1 <= int(m[1]) <= int(m[2]) <= 65535:
+        raise RequestError(f"torchrig_rdzv_ports must be first-last, two ports, e.g. 29400-29499; got "
+                           f"{_json(text)}. " + NOT_STARTED)
+    return int(m[1]), int(m[2])
+
+
 # ------------------------------------------------------------------ the checks
 
 
 def _check_whole_values(values: Mapping[str, Any]) -> None:
     """Ansible's -e key=value ends a value at a space and keeps the rest as _raw_params."""
-    if "_raw_params" in values:
+    if SPLIT in values:
         raise RequestError(
-            f"Ansible split an -e value at a space and dropped {_json(values['_raw_params'])} "
+            f"Ansible split an -e value at a space and dropped {_json(values[SPLIT])} "
             "(in -e key=value, a value ends at the first space). Quote the value inside the argument, "
             """e.g. -e 'extra_args="10 2 --batch_size 32"', or give YAML/JSON, e.g. """
             """-e '{"extra_args": ["10", "2", "--batch_size", "32"]}'. """ + NOT_STARTED)
+
+
+def _role_prefixes() -> tuple[str, ...]:
+    return tuple(f"{d.name}_" for d in ROLES.iterdir() if (d / "meta").is_dir())
+
+
+def _check_names(typed: Iterable[str]) -> None:
+    """Every name typed with -e is one of train.yml's, a role's setting (its full name, which
+    the role's argument spec checks) or Ansible's own (ansible_*)."""
+    for name in sorted(str(n) for n in typed):
+        if name in NAMES or name == SPLIT or name.startswith(("ansible_", *_role_prefixes())):
+            continue
+        close = difflib.get_close_matches(name, list(NAMES), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise RequestError(
+            f"-e {name} is not a setting of train.yml{hint}. train.yml's settings: {', '.join(NAMES)}; "
+            "a role's setting goes by its full name (e.g. -e torchrun_join_timeout=600). " + NOT_STARTED)
 
 
 def select_nodes(nodes: Any, hosts: Sequence[str], group: str) -> list[str]:
@@ -150,29 +233,45 @@ def _check_job_name(job: str) -> None:
             f"(it names a systemd unit and a directory); got {_json(job)}. " + NOT_STARTED)
 
 
-def _check_options(values: Mapping[str, Any], dataset: Any, model: Any) -> None:
-    """The package's options (its own check_settings) and the launch's numbers."""
+def _package_options(values: Mapping[str, Any], dataset: Any, model: Any) -> dict[str, Any]:
+    """The package's options as given, train_options last (they win), before any check."""
+    train_options = values.get("train_options") or {}
+    if not isinstance(train_options, Mapping):
+        raise RequestError(f"train_options must be a mapping of option: value, got {_json(train_options)}. "
+                           + NOT_STARTED)
+    options: dict[str, Any] = {"dataset": dataset, "model": model}
+    options.update((flag, values[name]) for name, (flag, _) in TRAINING_OPTIONS.items() if name in values)
+    options.update(train_options)
+    return options
+
+
+def _check_options(values: Mapping[str, Any], options: Mapping[str, Any], ports: tuple[int, int]) -> None:
+    """The package's options (its own check_settings, train_options included) and the
+    launch's numbers."""
     config = training_config()
-    package = {"dataset": dataset, "model": model}
-    package.update((name, values[name]) for name in TRAINING_OPTIONS if name in values)
-    port = values.get("rdzv_port", 1)  # not given: picked from the job's name, nothing to check
-    bad = (config.check_settings(package)
-           or not (_whole(port) and 1 <= int(str(port)) <= 65535)
+    problems = config.check_settings(options)
+    port = values.get("rdzv_port", ports[0])  # not given: picked from the job's name, in range
+    bad = (problems
+           or not (_whole(port) and ports[0] <= int(str(port)) <= ports[1])
            or not all(_whole(values.get(name, 0)) for name in ("max_restarts", "nproc_per_node"))
            or str(values.get("detach", False)).lower() not in ("true", "false", "yes", "no"))
     if bad:
         given = {name: _json(values.get(name, "default")) for name in (
             "epochs", "batch_size", "lr", "seed", "checkpoint_every", "rdzv_port", "max_restarts",
             "nproc_per_node")}
+        found = f" Found: {'; '.join(problems)}." if problems else ""
         raise RequestError(
             f"Bad training option. Allowed: dataset one of {', '.join(config.DATASETS)} "
-            f"(got {_json(dataset)}); model {_either(config.MODELS)} (got {_json(model)}); "
+            f"(got {_json(options.get('dataset'))}); model {_either(config.MODELS)} "
+            f"(got {_json(options.get('model'))}); "
             f"epochs and batch_size whole numbers >= 1 (got {given['epochs']}, {given['batch_size']}); "
             f"lr a positive number (got {given['lr']}); "
             f"seed and checkpoint_every whole numbers >= 0 (got {given['seed']}, {given['checkpoint_every']}); "
-            f"rdzv_port a port number (got {given['rdzv_port']}); "
+            f"rdzv_port a port of torchrig_rdzv_ports, {ports[0]}-{ports[1]}, which the firewall opens to "
+            f"peers (got {given['rdzv_port']}); "
             f"max_restarts and nproc_per_node whole numbers >= 0 (got {given['max_restarts']}, "
-            f"{given['nproc_per_node']}); detach true or false. " + NOT_STARTED)
+            f"{given['nproc_per_node']}); detach true or false; train_options the package's options "
+            f"(got {_json(values.get('train_options', {}))}).{found} " + NOT_STARTED)
 
 
 def _check_min_nodes(values: Mapping[str, Any], nnodes: int) -> None:
@@ -186,24 +285,31 @@ def _check_min_nodes(values: Mapping[str, Any], nnodes: int) -> None:
 
 
 def _check_script(values: Mapping[str, Any], script: str, entry: str) -> None:
-    """The user's script on the controller and, for a directory, its entry file."""
+    """The user's script on the controller and, for a directory, its entry file. A file's
+    own name and the entry file go on the job's command line: full matches only."""
     if script and not os.path.exists(script):
         raise RequestError(f"script={script} does not exist on the controller. " + NOT_STARTED)
     is_dir = bool(script) and os.path.isdir(script)
+    name = os.path.basename(script.rstrip("/"))
+    if script and not is_dir and not re.fullmatch(entry_pattern(), name):
+        raise RequestError(
+            f"script={script}: the file's name {_json(name)} must be letters, digits, '_', '.', '+', '-' "
+            "(it goes on the job's command line). Rename it, or give its directory: script=DIR "
+            "entry=FILE. " + NOT_STARTED)
     if "entry" not in values and not is_dir:
         return
-    if not (is_dir and re.match(entry_pattern(), entry) and os.path.isfile(f"{script}/{entry}")):
+    if not (is_dir and re.fullmatch(entry_pattern(), entry) and os.path.isfile(f"{script}/{entry}")):
         where = ("none was given: script=DIR" if not script
                  else f"script={script}" + (", a file, is not one" if os.path.isfile(script) else ""))
         raise RequestError(
             f"entry={_json(entry)} must name a file inside the script directory ({where}), as a "
             "relative path of letters, digits, '_', '.', '+', '-' without '..'; the default is "
-            "train.py. " + NOT_STARTED)
+            f"{torchrun_default('torchrun_script_entry')}. " + NOT_STARTED)
 
 
 def _extra_args(values: Mapping[str, Any]) -> list[str]:
     try:
-        return _job_args_module().job_args(values.get("extra_args", []))
+        return _job_args_module().job_args(values.get("extra_args", torchrun_default("torchrun_extra_args")))
     except ValueError as e:
         raise RequestError(
             f"{e}. extra_args is a YAML/JSON list, -e '{{\"extra_args\": [\"7\", \"two words\"]}}', "
@@ -211,60 +317,95 @@ def _extra_args(values: Mapping[str, Any]) -> list[str]:
             + NOT_STARTED) from None
 
 
+def _env(values: Mapping[str, Any]) -> dict[str, str]:
+    """-e env: variables for the job's environment file, one line each. A name is a full
+    match of a shell name and not one of the job contract's (which torchrig sets); a value
+    is one line without control characters (a newline would start another variable)."""
+    env = values.get("env", torchrun_default("torchrun_env"))
+    prefix = job_contract().ENV_PREFIX
+    how = ("-e env is a mapping of NAME: value, -e '{\"env\": {\"NCCL_IB_DISABLE\": \"1\"}}': names of "
+           f"letters, digits and '_', not starting with a digit nor with {prefix} (torchrig's own); values "
+           "strings or numbers on one line, without control characters")
+    if not isinstance(env, Mapping):
+        raise RequestError(f"{how}; got {_json(env)}. " + NOT_STARTED)
+    out = {}
+    for name, value in env.items():
+        if not ENV_NAME.fullmatch(str(name)) or str(name).startswith(prefix):
+            raise RequestError(f"{how}; the name {_json(name)} is not one. " + NOT_STARTED)
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or CONTROL.search(str(value)):
+            raise RequestError(f"{how}; the value of {name}, {_json(value)}, is not one. " + NOT_STARTED)
+        out[str(name)] = str(value)
+    return out
+
+
 # ---------------------------------------------------------------- the request
 
 
-def request(values: Mapping[str, Any], hosts: Sequence[str], group: str = "cluster") -> dict[str, Any]:
+def request(values: Mapping[str, Any], hosts: Sequence[str], group: str = "cluster",
+            runs_dir: str = "runs", typed: Iterable[str] = (), rdzv_ports: Any = None) -> dict[str, Any]:
     """The job's settings from train.yml's -e `values` (only those given), the inventory
     `hosts` of `group`; RequestError for the first check that fails.
 
-    Returned: job, nodes (the selected hosts), options (the job's config for the training
-    package, flag names), min_nodes, rdzv_port, nproc_per_node, max_restarts, script, entry,
-    extra_args (a list) and wait (not detach).
+    `runs_dir`: where results go unless results_dir is given; `typed`: the names typed
+    with -e (none when train.yml was imported with vars); `rdzv_ports`: the inventory's
+    torchrig_rdzv_ports (None: the torchrig role's default).
+
+    Returned: nodes (the selected hosts) and vars, every variable of the torchrun role that
+    the request decides (NAMES), under its own name.
     """
     hosts = [str(h) for h in hosts]
     _check_whole_values(values)
+    _check_names(typed)
     nodes = select_nodes(values.get("nodes", len(hosts)), hosts, group)
     dataset = values.get("dataset", "mnist5k")
     model = values.get("model", "cnn")
     job = str(values.get("job", f"{dataset}-{model}"))
     _check_job_name(job)
-    _check_options(values, dataset, model)
+    options = _package_options(values, dataset, model)
+    ports = port_range(rdzv_ports if rdzv_ports not in (None, "") else rdzv_ports_default())
+    _check_options(values, options, ports)
     _check_min_nodes(values, len(nodes))
-    script = str(values.get("script") or "")
-    entry = str(values.get("entry", "train.py"))
+    script = str(values.get("script") or torchrun_default("torchrun_script"))
+    entry = str(values.get("entry", torchrun_default("torchrun_script_entry")))
     _check_script(values, script, entry)
     extra_args = _extra_args(values)
+    env = _env(values)
 
-    train_options = values.get("train_options") or {}
-    if not isinstance(train_options, Mapping):
-        raise RequestError(f"train_options must be a mapping of option: value, got {_json(train_options)}. "
-                           + NOT_STARTED)
-    options = {"dataset": dataset, "model": model}
     for name, (flag, kind) in TRAINING_OPTIONS.items():
-        if name in values:
+        if flag in options and name in values and flag not in (values.get("train_options") or {}):
             options[flag] = kind(str(values[name]))
-    options.update(train_options)
+
+    def given(name: str) -> int:
+        return int(str(values.get(name, torchrun_default(NAMES[name]))))  # type: ignore[arg-type]
+
+    detach = str(values["detach"]).lower() in ("true", "yes") if "detach" in values else None
     return {
-        "job": job,
         "nodes": nodes,
-        "options": options,
-        "min_nodes": int(str(values.get("min_nodes", 0))),
-        "rdzv_port": int(str(values.get("rdzv_port", 0))),
-        "nproc_per_node": int(str(values.get("nproc_per_node", 0))),
-        "max_restarts": int(str(values.get("max_restarts", 3))),
-        "script": script,
-        "entry": entry,
-        "extra_args": extra_args,
-        "wait": str(values.get("detach", False)).lower() not in ("true", "yes"),
+        "vars": {
+            "torchrun_job": job,
+            "torchrun_nnodes": len(nodes),
+            "torchrun_rdzv_node": nodes[0],
+            "torchrun_train_options": options,
+            "torchrun_min_nodes": given("min_nodes"),
+            "torchrun_rdzv_port": given("rdzv_port"),
+            "torchrun_nproc_per_node": given("nproc_per_node"),
+            "torchrun_max_restarts": given("max_restarts"),
+            "torchrun_script": script,
+            "torchrun_script_entry": entry,
+            "torchrun_extra_args": extra_args,
+            "torchrun_env": env,
+            "torchrun_wait": torchrun_default("torchrun_wait") if detach is None else not detach,
+            "torchrun_fetch_dir": f"{values.get('results_dir') or runs_dir}/{job}",
+        },
     }
 
 
-def request_problem(values: Mapping[str, Any], hosts: Sequence[str], group: str = "cluster") -> str:
+def request_problem(values: Mapping[str, Any], hosts: Sequence[str], group: str = "cluster",
+                    runs_dir: str = "runs", typed: Iterable[str] = (), rdzv_ports: Any = None) -> str:
     """The message of the first check that fails, or "" for a good request. The role
     prints it with an assert: a filter that raises gets Ansible's own wrapper around it."""
     try:
-        request(values, hosts, group)
+        request(values, hosts, group, runs_dir, typed, rdzv_ports)
     except RequestError as e:
         return str(e)
     return ""
@@ -275,5 +416,6 @@ class FilterModule:
         return {
             "torchrun_request": request,
             "torchrun_request_problem": request_problem,
+            "torchrun_request_pattern": names_pattern,
             "torchrun_request_job_problem": job_name_problem,
         }
