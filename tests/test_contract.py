@@ -44,8 +44,8 @@ def test_the_filter_gives_the_packages_contract():
 
 
 def test_every_name_of_the_contract_is_written_once():
-    """grep for each name (fatal.json, ended.json, TORCHRIG_ARGS, SIGUSR2, ...) over the code
-    finds the contract module only."""
+    """grep for each name the contract defines (every environment variable, every run
+    directory file, the signal) over the code finds the contract module only."""
     files = code_files()
     assert CONTRACT_PY in files and len(files) > 100
     for name in literals():
