@@ -357,8 +357,10 @@ def request(values: Mapping[str, Any], hosts: Sequence[str], group: str = "clust
     _check_whole_values(values)
     _check_names(typed)
     nodes = select_nodes(values.get("nodes", len(hosts)), hosts, group)
-    dataset = values.get("dataset", "mnist5k")
-    model = values.get("model", "cnn")
+    # Not given: the package's own defaults (its Config).
+    fields = training_config().FIELDS
+    dataset = values.get("dataset", fields["dataset"].default)
+    model = values.get("model", fields["model"].default)
     job = str(values.get("job", f"{dataset}-{model}"))
     _check_job_name(job)
     options = _package_options(values, dataset, model)
