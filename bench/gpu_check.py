@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                        "--checkpoint-every", "0", *small, *resnet.split()]),
         lambda: kill_and_resume(work / "resume", env, [
             "--dataset", "mnist5k", "--epochs", "20", *small[2:], "--checkpoint-every",
-            "5" if args.cpu else "100", "--max-steps", "30" if args.cpu else "2500"]),
+            "5" if args.cpu else "100", "--max-steps", "60" if args.cpu else "2500"]),
     ]
     # Side by side on the CPU (the test's time); one at a time on a GPU, each figure its own.
     with ThreadPoolExecutor(len(steps) if args.cpu else 1) as pool:

@@ -35,9 +35,12 @@ def test_gpu_check_runs_on_the_cpu(tmp_path: Path) -> None:
                  "resume", "torchvision", "python"):
         assert figures[f"check {step}"].startswith("ok"), (step, figures)
     assert figures["allreduce"].startswith("gloo, world 1")
-    # Killed after its first checkpoint (every 5 steps on the CPU), resumed from the newest.
+    # Killed at a checkpoint (every 5 steps on the CPU) before its last step (60), then
+    # resumed from the newest one and finished.
     newest = figures["kill at checkpoints"][-1]
-    assert newest % 5 == 0 and f"resumed from {newest}," in figures["check resume"], figures
+    assert newest % 5 == 0 and newest < 60, figures
+    assert f"resumed from {newest}," in figures["check resume"], figures
+    assert figures["check resume"].endswith("finished at step 60)"), figures
 
 
 def test_gpu_check_is_short_and_patches_nothing() -> None:
