@@ -32,22 +32,37 @@ def settings(values: dict, hosts: list[str] = HOSTS, **kwargs) -> dict:
 
 
 def test_defaults_give_every_host_and_the_package_job():
-    """What was not given is the torchrun role's default, read from its defaults file: the
-    defaults live there only."""
-    torchrun = yaml.safe_load((ROOT / "roles/torchrun/defaults/main.yml").read_text())
-    decided = req.request({}, HOSTS, "cluster", "/ctl/runs")
+    """What was not given is not in the settings: the torchrun role's defaults fill it in,
+    so each default lives in roles/torchrun/defaults/main.yml only."""
+    decided = req.request({}, HOSTS, "cluster")
     assert decided == {"nodes": HOSTS, "vars": {
         "torchrun_job": "mnist5k-cnn", "torchrun_nnodes": 2, "torchrun_rdzv_node": "node1",
         "torchrun_train_options": {"dataset": "mnist5k", "model": "cnn"},
-        "torchrun_min_nodes": 0, "torchrun_rdzv_port": 0, "torchrun_nproc_per_node": 0,
-        "torchrun_max_restarts": 3, "torchrun_script": "", "torchrun_script_entry": "train.py",
-        "torchrun_extra_args": [], "torchrun_env": {}, "torchrun_wait": True,
-        "torchrun_fetch_dir": "/ctl/runs/mnist5k-cnn",
     }}
-    assert all(decided["vars"][name] == torchrun[name] for name in (
-        "torchrun_min_nodes", "torchrun_rdzv_port", "torchrun_nproc_per_node", "torchrun_max_restarts",
-        "torchrun_script", "torchrun_script_entry", "torchrun_extra_args", "torchrun_env", "torchrun_wait"))
-    assert set(decided["vars"]) <= set(torchrun), "every setting is a torchrun role variable"
+
+
+def test_the_torchrun_defaults_take_the_requests_values_else_their_own():
+    """Each torchrun setting train.yml may give reads torchrun_settings first, then its one
+    default; max_restarts' 3 is written there only."""
+    torchrun = yaml.safe_load((ROOT / "roles/torchrun/defaults/main.yml").read_text())
+    assert torchrun["torchrun_settings"] == {}
+    for name in {v for v in req.NAMES.values() if v} | {"torchrun_rdzv_node"}:
+        assert torchrun[name].startswith(f"{{{{ torchrun_settings.{name} | default("), name
+    assert req.torchrun_default("torchrun_max_restarts") == 3
+    assert req.torchrun_default("torchrun_script_entry") == "train.py"
+    literal_3 = sorted(str(p.relative_to(ROOT)) for p in [*(ROOT / "roles").glob("*/*/*.*"), ROOT / "train.yml"]
+                       if p.suffix in (".yml", ".py") and re.search(r"max_restarts\W+(default\()?3\b", p.read_text()))
+    assert literal_3 == ["roles/torchrun/defaults/main.yml", "roles/torchrun/meta/argument_specs.yml"], literal_3
+
+
+def test_what_was_given_is_handed_on():
+    got = settings({"min_nodes": "1", "rdzv_port": "29410", "nproc_per_node": "2", "max_restarts": "0",
+                    "detach": "true", "extra_args": ["a"], "env": {"A": 1}, "results_dir": "/r"})
+    assert {k: v for k, v in got.items() if k not in ("torchrun_job", "torchrun_nnodes", "torchrun_rdzv_node",
+                                                      "torchrun_train_options")} == {
+        "torchrun_min_nodes": 1, "torchrun_rdzv_port": 29410, "torchrun_nproc_per_node": 2,
+        "torchrun_max_restarts": 0, "torchrun_wait": False, "torchrun_extra_args": ["a"],
+        "torchrun_env": {"A": "1"}, "torchrun_fetch_dir": "/r/mnist5k-cnn"}
 
 
 def test_every_train_yml_name_sets_a_torchrun_variable_the_role_declares():

@@ -7,8 +7,9 @@ tests/test_torchrun_request.py; tests/test_train_validation.py runs them through
 
 train.yml's -e names are listed once, in NAMES below: the role reads the variables of
 these names (`torchrun_request_pattern`), and the settings come back under the torchrun
-role's own variable names, each set (the torchrun role's default where the name was not
-given), so that train.yml hands them on as they are.
+role's own variable names, those that were given or that the request decides, so that
+train.yml hands them on as one dict (torchrun_settings); the torchrun role's defaults
+fill in the rest.
 
 Rules that come from elsewhere, read by path so that there is one copy of each:
 
@@ -22,7 +23,8 @@ Rules that come from elsewhere, read by path so that there is one copy of each:
   `torchrig_rdzv_ports`, in roles/torchrig/defaults/main.yml (the inventory may set the
   latter; the role passes the inventory's value);
 - a script directory's entry file: `_torchrun_entry_pattern` in roles/torchrun/vars/main.yml;
-- the torchrun role's defaults (roles/torchrun/defaults/main.yml) for what was not given;
+- the torchrun role's default entry file, for the check of a script directory
+  (roles/torchrun/defaults/main.yml);
 - extra_args: the torchrun role's `job_args` (roles/torchrun/filter_plugins/torchrun_job.py).
 """
 
@@ -132,8 +134,10 @@ def entry_pattern() -> str:
 
 
 def torchrun_default(name: str) -> Any:
-    """A torchrun role default (a plain value, not a template)."""
-    return _yaml(TORCHRUN_DEFAULTS)[name]
+    """A torchrun role default: the literal in `{{ torchrun_settings.NAME | default(LITERAL) }}`."""
+    text = _yaml(TORCHRUN_DEFAULTS)[name]
+    m = re.fullmatch(r"\{\{ torchrun_settings\.\w+ \| default\((.*)\) \}\}", str(text))
+    return yaml.safe_load(m[1]) if m else text
 
 
 def names_pattern(_: Any = None) -> str:
@@ -342,16 +346,16 @@ def _env(values: Mapping[str, Any]) -> dict[str, str]:
 
 
 def request(values: Mapping[str, Any], hosts: Sequence[str], group: str = "cluster",
-            runs_dir: str = "runs", typed: Iterable[str] = (), rdzv_ports: Any = None) -> dict[str, Any]:
+            typed: Iterable[str] = (), rdzv_ports: Any = None) -> dict[str, Any]:
     """The job's settings from train.yml's -e `values` (only those given), the inventory
     `hosts` of `group`; RequestError for the first check that fails.
 
-    `runs_dir`: where results go unless results_dir is given; `typed`: the names typed
-    with -e (none when train.yml was imported with vars); `rdzv_ports`: the inventory's
-    torchrig_rdzv_ports (None: the torchrig role's default).
+    `typed`: the names typed with -e (none when train.yml was imported with vars);
+    `rdzv_ports`: the inventory's torchrig_rdzv_ports (None: the torchrig role's default).
 
-    Returned: nodes (the selected hosts) and vars, every variable of the torchrun role that
-    the request decides (NAMES), under its own name.
+    Returned: nodes (the selected hosts) and vars, the torchrun role's variables that were
+    given or that the request decides (the job, its nodes, the options), under their own
+    names; the torchrun role's defaults give the others.
     """
     hosts = [str(h) for h in hosts]
     _check_whole_values(values)
@@ -367,7 +371,7 @@ def request(values: Mapping[str, Any], hosts: Sequence[str], group: str = "clust
     ports = port_range(rdzv_ports if rdzv_ports not in (None, "") else rdzv_ports_default())
     _check_options(values, options, ports)
     _check_min_nodes(values, len(nodes))
-    script = str(values.get("script") or torchrun_default("torchrun_script"))
+    script = str(values.get("script") or "")
     entry = str(values.get("entry", torchrun_default("torchrun_script_entry")))
     _check_script(values, script, entry)
     extra_args = _extra_args(values)
@@ -377,37 +381,30 @@ def request(values: Mapping[str, Any], hosts: Sequence[str], group: str = "clust
         if flag in options and name in values and flag not in (values.get("train_options") or {}):
             options[flag] = kind(str(values[name]))
 
-    def given(name: str) -> int:
-        return int(str(values.get(name, torchrun_default(NAMES[name]))))  # type: ignore[arg-type]
-
-    detach = str(values["detach"]).lower() in ("true", "yes") if "detach" in values else None
-    return {
-        "nodes": nodes,
-        "vars": {
-            "torchrun_job": job,
-            "torchrun_nnodes": len(nodes),
-            "torchrun_rdzv_node": nodes[0],
-            "torchrun_train_options": options,
-            "torchrun_min_nodes": given("min_nodes"),
-            "torchrun_rdzv_port": given("rdzv_port"),
-            "torchrun_nproc_per_node": given("nproc_per_node"),
-            "torchrun_max_restarts": given("max_restarts"),
-            "torchrun_script": script,
-            "torchrun_script_entry": entry,
-            "torchrun_extra_args": extra_args,
-            "torchrun_env": env,
-            "torchrun_wait": torchrun_default("torchrun_wait") if detach is None else not detach,
-            "torchrun_fetch_dir": f"{values.get('results_dir') or runs_dir}/{job}",
-        },
+    decided: dict[str, Any] = {
+        "torchrun_job": job,
+        "torchrun_nnodes": len(nodes),
+        "torchrun_rdzv_node": nodes[0],
+        "torchrun_train_options": options,
     }
+    given = {
+        "min_nodes": lambda v: int(str(v)), "rdzv_port": lambda v: int(str(v)),
+        "nproc_per_node": lambda v: int(str(v)), "max_restarts": lambda v: int(str(v)),
+        "script": lambda v: script, "entry": lambda v: entry, "extra_args": lambda v: extra_args,
+        "env": lambda v: env, "detach": lambda v: str(v).lower() not in ("true", "yes"),
+        "results_dir": lambda v: f"{v}/{job}",
+    }
+    decided.update((NAMES[name], value(values[name])) for name, value in given.items()  # type: ignore[misc]
+                   if name in values and values[name] not in (None, ""))
+    return {"nodes": nodes, "vars": decided}
 
 
 def request_problem(values: Mapping[str, Any], hosts: Sequence[str], group: str = "cluster",
-                    runs_dir: str = "runs", typed: Iterable[str] = (), rdzv_ports: Any = None) -> str:
+                    typed: Iterable[str] = (), rdzv_ports: Any = None) -> str:
     """The message of the first check that fails, or "" for a good request. The role
     prints it with an assert: a filter that raises gets Ansible's own wrapper around it."""
     try:
-        request(values, hosts, group, runs_dir, typed, rdzv_ports)
+        request(values, hosts, group, typed, rdzv_ports)
     except RequestError as e:
         return str(e)
     return ""
