@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from torchrig.contract import FILES
 from torchrig.data import load_mnist5k
 from torchrig.models import SmallCNN
 
@@ -93,7 +94,7 @@ def trainer(tmp: Path, nproc: int, threads: int, args, env) -> float:
                    "--batch-size", str(args.batch_size), "--threads", str(threads),
                    "--checkpoint-every", "0", "--run-dir", str(run_dir),
                    *shlex.split(args.trainer_flags)], env)
-    return json.loads((run_dir / "summary.json").read_text())["samples_per_s"]
+    return json.loads((run_dir / FILES["summary"]).read_text())["samples_per_s"]
 
 
 def reference(tmp: Path, nproc: int, threads: int, args, env) -> float:
