@@ -59,6 +59,7 @@ class ActionModule(ActionBase):
             polls += out["polls"]
             lines += 1
             display.display(progress_line(job, host, out["state"], out["metrics"]))
+            display.v(f"{job} on {host}: {polls} polls in {time.monotonic() - start:.1f} s")
             if not out["running"] or time.monotonic() - start >= timeout:
                 break
         result.update(changed=False, state=out["state"], metrics=out["metrics"], running=out["running"],
