@@ -28,6 +28,9 @@ help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
 setup: venv host ## Controller venv (pinned tools) and podman; a quick no-op when done
+	@# Another checkout's make setup points the shared venv's training package at itself: point it back.
+	@grep -qsx '$(CURDIR)/training/src' $(VENV)/lib/python*/site-packages/__editable__.torchrig-*.pth || \
+	  flock $(CACHE)/venv.lock $(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e training
 
 # The controller venv is cached outside the checkout, keyed by what goes into
 # it, and .venv is a link to it: a fresh clone (CI's) reuses it instead of
