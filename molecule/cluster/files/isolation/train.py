@@ -5,8 +5,8 @@ job, on every node, and writes what each try gave.
     train.py target                      every rank writes its step to <run dir>/progress
                                          on its node; all stop once <run dir>/stop exists
                                          on any node (or after 600 s)
-    train.py intruder JOB HOST:PORT      tries job JOB (its env file, run directory,
-                                         settings, processes) and its rendezvous store at
+    train.py intruder JOB HOST:PORT      tries job JOB (its env file, code, run directory,
+                                         processes) and its rendezvous store at
                                          HOST:PORT; writes TORCHRIG_OUTPUT_DIR/attacks.json
 """
 
@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 CONFIG_DIR = Path("/etc/torchrig/jobs")
+CODE_ROOT = Path("/var/lib/torchrig/code")
 RUN_ROOT = Path("/var/lib/torchrig/runs")
 
 
@@ -80,7 +81,7 @@ def intruder(job: str, endpoint: str) -> None:
         "node": socket.gethostname(),
         "uid": os.getuid(),
         "env_file": attempt((CONFIG_DIR / f"{job}.env").read_text),
-        "settings": attempt((CONFIG_DIR / f"{job}.yaml").read_text),
+        "code": attempt((CODE_ROOT / job / "train.py").read_text),
         "run_dir": attempt(lambda: sorted(os.listdir(RUN_ROOT / job))),
         "progress": attempt((RUN_ROOT / job / "progress").read_text),
         "jobs_listed": attempt(lambda: sorted(os.listdir(RUN_ROOT))),
