@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
-from conftest import REPO, VENV_BIN
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
 
 
 def tracked(*patterns: str) -> set[str]:
