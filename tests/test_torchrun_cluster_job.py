@@ -10,6 +10,7 @@ nodes started and wrote the same runs/<job>/.
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
@@ -50,11 +51,20 @@ def node(tmp: Path, name: str, state: str) -> str:
     return f"        {name}: {{ansible_connection: local, ansible_python_interpreter: {python}}}\n"
 
 
-def check(tmp: Path, states: dict[str, str]) -> str:
-    """Run the check for a job on node1; `states`: each host's unit state."""
+def down_node(name: str) -> str:
+    """An inventory line for a node that is down: SSH to a local port nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"        {name}: {{ansible_host: 127.0.0.1, ansible_port: {port}}}\n"
+
+
+def check(tmp: Path, states: dict[str, str], down: tuple[str, ...] = ()) -> str:
+    """Run the check for a job on node1; `states`: each host's unit state; `down`: nodes that are off."""
     inventory = tmp / "hosts.yml"
     inventory.write_text("all:\n  children:\n    cluster:\n      hosts:\n"
                          + "".join(node(tmp, name, state) for name, state in states.items())
+                         + "".join(down_node(name) for name in down)
                          + "    job:\n      hosts:\n        node1:\n")
     (tmp / "job.yml").write_text(f"torchrun_job: same-name\ntorchrun_run_root: {tmp}/runs\n")
     play = tmp / "play.yml"
@@ -83,3 +93,15 @@ def test_a_job_between_restarts_counts_as_running(tmp_path: Path, state: str):
 def test_no_job_elsewhere_goes_on(tmp_path: Path):
     out = check(tmp_path, {"node1": "inactive", "node2": "inactive", "node3": "failed"})
     assert "no other node runs it" in out, out
+
+
+def test_a_node_that_is_down_is_not_asked_and_the_job_goes_on(tmp_path: Path):
+    # A node powered off in the middle of a cluster's life (the cluster scenario's f-elastic
+    # kills node3): asking it failed the whole train.yml with "No route to host".
+    out = check(tmp_path, {"node1": "inactive", "node2": "inactive"}, down=("node3",))
+    assert "no other node runs it" in out, out
+
+
+def test_a_node_that_is_down_does_not_hide_a_job_on_another(tmp_path: Path):
+    out = check(tmp_path, {"node1": "inactive", "node2": "active"}, down=("node3",))
+    assert "Job same-name already runs on node2, outside this job's nodes (node1)" in out, out
