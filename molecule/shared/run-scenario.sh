@@ -13,7 +13,11 @@ limit=${TORCHRIG_SCENARIO_TIMEOUT:-1500}
 journals=${TORCHRIG_SCENARIO_JOURNALS:-${TMPDIR:-/tmp}/torchrig-scenario-journals-$scenario.log}
 
 # --destroy=never: the nodes outlive a failure long enough to be read; they
-# are removed below in every case.
+# are removed below in every case. It also skips the test's first destroy, so
+# nodes (or molecule's record of them) left by an earlier run that was cut
+# short are removed here first: otherwise create is skipped as "already
+# created" and the scenario finds no nodes.
+molecule destroy -s "$scenario" > /dev/null 2>&1
 timeout --kill-after=30 "$limit" molecule test -s "$scenario" --destroy=never
 rc=$?
 if [ "$rc" -ne 0 ]; then
