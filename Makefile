@@ -30,7 +30,7 @@ help: ## List the targets
 setup: venv host ## Controller venv (pinned tools) and podman; a quick no-op when done
 	@# Another checkout's make setup points the shared venv's training package at itself: point it back.
 	@grep -qsx '$(CURDIR)/training/src' $(VENV)/lib/python*/site-packages/__editable__.torchrig-*.pth || \
-	  flock $(CACHE)/venv.lock $(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e training
+	  $(INSTALL_TRAINING)
 
 # The controller venv is cached outside the checkout, keyed by what goes into
 # it, and .venv is a link to it: a fresh clone (CI's) reuses it instead of
@@ -40,11 +40,14 @@ setup: venv host ## Controller venv (pinned tools) and podman; a quick no-op whe
 VENV_KEY   := $(shell cat requirements.txt training/pyproject.toml | sha1sum | cut -c1-10)-$(shell echo '$(TORCH_PINS) $(MLXTEND_PIN)' | sha1sum | cut -c1-6)-py$(shell python3 -c 'import sys; print("%d%d" % sys.version_info[:2])')
 VENV_CACHE := $(CACHE)/venv-$(VENV_KEY)
 
+# This checkout's training package, installed into the shared venv (no dependencies).
+INSTALL_TRAINING = flock $(CACHE)/venv.lock $(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e training
+
 venv: .venv.stamp
 .venv.stamp: $(VENV_CACHE)/.torchrig-setup training/pyproject.toml
 	if [ -d $(VENV) ] && [ ! -L $(VENV) ]; then rm -rf $(VENV); fi
 	ln -sfn $(VENV_CACHE) $(VENV)
-	flock $(CACHE)/venv.lock $(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e training
+	$(INSTALL_TRAINING)
 	touch $@
 
 # No prerequisites: the key in its path already names its inputs' content.
