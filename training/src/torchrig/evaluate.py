@@ -44,10 +44,11 @@ def run(run_dir: Path, device: torch.device, data_dir: str, batch_size: int) -> 
     model, meta = load_model(run_dir, device)
     data = load_dataset(meta["dataset"], data_dir, download=False,
                         synthetic_shape=meta.get("synthetic_shape", "1x28x28"),
-                        synthetic_samples=meta.get("synthetic_samples", 4096))
-    if list(data.test_x.shape[1:]) != list(meta["input_shape"]):
+                        synthetic_samples=meta.get("synthetic_samples", 4096),
+                        image_size=meta["input_shape"][-1], workers=0)
+    if data.input_shape != list(meta["input_shape"]):
         raise ModelFileError(f"{run_dir}: the model takes {meta['input_shape']} images, dataset "
-                             f"{meta['dataset']} here has {list(data.test_x.shape[1:])}")
+                             f"{meta['dataset']} here has {data.input_shape}")
     if not all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(
             data.mean + data.std, meta["mean"] + meta["std"], strict=True)):
         print(f"torchrig-eval: warning: dataset {meta['dataset']} here is not the one the model "
@@ -61,7 +62,7 @@ def run(run_dir: Path, device: torch.device, data_dir: str, batch_size: int) -> 
     autocast = partial(torch.autocast, device.type, dtype=amp_dtype, enabled=amp_dtype is not None)
     env = DistEnv(0, 0, 1, 1, device, None, torch.get_num_threads(), socket.gethostname())
     loss, accuracy = evaluate(model, data, env, batch_size, autocast, channels_last=False)
-    out = {"accuracy": accuracy, "loss": loss, "samples": len(data.test_y),
+    out = {"accuracy": accuracy, "loss": loss, "samples": data.test_size,
            "dataset": meta["dataset"], "model": meta["model"], "device": str(device)}
     summary = run_dir / FILES["summary"]
     if summary.is_file():
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto",
                    help="cpu, cuda, cuda:N, or auto (the first GPU if there is one)")
     p.add_argument("--data-dir", default="data",
-                   help="torchvision datasets' directory (mnist, fashion-mnist, cifar10)")
+                   help="torchvision datasets' directory (mnist, fashion-mnist, cifar10), or "
+                   "the imagefolder directory (its val/ is evaluated)")
     p.add_argument("--batch-size", type=int, default=500, help="images per evaluation batch")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     args = p.parse_args(argv)

@@ -36,6 +36,7 @@ from .config import Config, parse_config
 from .contract import FILES
 from .data import Data, UsageError, load_dataset
 from .dist import DistEnv
+from .imagefolder import ImageFolderData
 from .models import build_model
 from .plot import plot_metrics
 from .worker import STOP_REQUESTED_ENV
@@ -164,26 +165,23 @@ class Outputs:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: Data, env: DistEnv, batch_size: int,
-             autocast, channels_last: bool) -> tuple[float, float]:
+def evaluate(model: torch.nn.Module, data: Data | ImageFolderData, env: DistEnv,
+             batch_size: int, autocast, channels_last: bool) -> tuple[float, float]:
     """Held-out loss and accuracy over the whole test set, exactly.
 
     Each rank takes every world_size-th sample, without the padding DistributedSampler
     adds, and the sums and counts are all-reduced, so no sample counts twice.
     """
     model.eval()
-    idx = torch.arange(env.rank, len(data.test_y), env.world_size, device=env.device)
     sums = torch.zeros(3, dtype=torch.float64, device=env.device)
-    for j in range(0, len(idx), batch_size):
-        b = idx[j:j + batch_size]
-        x, y = data.test_x[b], data.test_y[b]
+    for x, y in data.test_batches(env.rank, env.world_size, batch_size):
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         with autocast():
             logits = model(x)
         sums[0] += F.cross_entropy(logits.float(), y, reduction="sum")
         sums[1] += (logits.argmax(1) == y).sum()
-        sums[2] += len(b)
+        sums[2] += len(y)
     dist.all_reduce_sum(sums)
     model.train()
     return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
@@ -301,7 +299,8 @@ class Window:
 class Trainer:
     """One rank's training run: its parts, built in __init__, and the loop.
 
-    Parts: data (the whole set on the device), raw_model (the module itself, what is
+    Parts: data (the whole set on the device, or, for imagefolder, file paths streamed
+    through DataLoader workers), raw_model (the module itself, what is
     saved and evaluated) and model (raw_model under DDP and torch.compile, what is
     trained), optimizer, scheduler, scaler (active in fp16 only), sampler (data order), stop
     (the SIGTERM vote), window (metrics) and, on rank 0, out (metrics files and log).
@@ -329,14 +328,14 @@ class Trainer:
 
         # The whole global batch is one slice of one permutation whatever the world size,
         # so runs with the same global batch see the same samples at each step.
-        self.sampler = DistributedSampler(range(len(self.data.train_y)),
+        self.sampler = DistributedSampler(range(self.data.train_size),
                                           num_replicas=env.world_size, rank=env.rank,
                                           shuffle=True, seed=cfg.seed)
         self.steps_per_epoch = len(self.sampler) // cfg.batch_size // cfg.grad_accum
         self.global_batch = cfg.batch_size * cfg.grad_accum * env.world_size
         if self.steps_per_epoch == 0:
             raise UsageError(f"--batch-size x --grad-accum x world size = {self.global_batch} "
-                             f"is more than the {len(self.data.train_y)} training samples")
+                             f"is more than the {self.data.train_size} training samples")
         total_steps = self.steps_per_epoch * cfg.epochs
         self.last_step = min(total_steps, cfg.max_steps) if cfg.max_steps else total_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(
@@ -370,7 +369,7 @@ class Trainer:
 
     # --- building --------------------------------------------------------------------
 
-    def _load_data(self) -> Data:
+    def _load_data(self) -> Data | ImageFolderData:
         cfg, env = self.cfg, self.env
         # With --download, each node's local rank 0 fetches first; the others wait, so no
         # two processes write the same files.
@@ -378,7 +377,7 @@ class Trainer:
         if cfg.download and not fetch:
             dist.barrier(env)
         data = load_dataset(cfg.dataset, cfg.data_dir, fetch, cfg.synthetic_shape,
-                            cfg.synthetic_samples)
+                            cfg.synthetic_samples, cfg.image_size, cfg.workers)
         if fetch:
             dist.barrier(env)
         return data.to(env.device)
@@ -396,7 +395,7 @@ class Trainer:
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         out = Outputs(self.run_dir, self.progress.step, self.last_step)
         params = sum(p.numel() for p in self.raw_model.parameters())
-        out.say(f"{cfg.dataset}: {len(data.train_y)} train / {len(data.test_y)} held-out, "
+        out.say(f"{cfg.dataset}: {data.train_size} train / {data.test_size} held-out, "
                 f"model {cfg.model} ({params} params), world {env.world_size} on "
                 f"{len(set(self.hosts))} host(s), global batch {self.global_batch}, "
                 f"{self.steps_per_epoch} steps/epoch, {self.last_step} steps, "
@@ -451,13 +450,13 @@ class Trainer:
 
     # --- training --------------------------------------------------------------------
 
-    def train_step(self, indices: torch.Tensor) -> None:
-        """One optimizer step on this rank's `indices` of the global batch, in
-        --grad-accum micro-batches."""
+    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        """One optimizer step on this rank's share of the global batch, in --grad-accum
+        micro-batches."""
         cfg = self.cfg
-        micro_batches = indices.split(cfg.batch_size)
-        for micro, b in enumerate(micro_batches):
-            x, y = self.data.train_x[b], self.data.train_y[b]
+        micro_batches = list(zip(images.split(cfg.batch_size), labels.split(cfg.batch_size),
+                                 strict=True))
+        for micro, (x, y) in enumerate(micro_batches):
             if cfg.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             # Gradients are all-reduced only on the last micro-step of a step.
@@ -477,19 +476,19 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        self.window.end_step(len(indices))
+        self.window.end_step(len(labels))
 
     def train_epoch(self) -> bool:
         """The rest of the current epoch, or up to the last step; True when the ranks
         agreed to stop (a checkpoint is then saved)."""
         cfg, p = self.cfg, self.progress
         self.sampler.set_epoch(p.epoch)
-        order = torch.tensor(list(self.sampler), device=self.env.device)
         per_step = cfg.batch_size * cfg.grad_accum
+        # The steps of this epoch not done yet: a resumed run reads none of the others.
+        order = list(self.sampler)[p.step_in_epoch * per_step:self.steps_per_epoch * per_step]
         self.model.train()
-        while p.step_in_epoch < self.steps_per_epoch:
-            start = p.step_in_epoch * per_step
-            self.train_step(order[start:start + per_step])
+        for x, y in self.data.train_batches(order, per_step):
+            self.train_step(x, y)
             p.step, p.step_in_epoch = p.step + 1, p.step_in_epoch + 1
             if self.out is not None:
                 self.out.step()
@@ -584,9 +583,9 @@ class Trainer:
         # before the summary, which says the run is complete.
         export.save_model(self.run_dir, self.raw_model, {
             "model": cfg.model, "dataset": cfg.dataset, "num_classes": data.num_classes,
-            "classes": data.classes, "input_shape": list(data.test_x.shape[1:]),
+            "classes": data.classes, "input_shape": data.input_shape,
             "mean": data.mean, "std": data.std, "accuracy": accuracy, "loss": loss,
-            "held_out_samples": len(data.test_y), "steps": p.step, "epochs": cfg.epochs,
+            "held_out_samples": data.test_size, "steps": p.step, "epochs": cfg.epochs,
             "precision": self.precision, "seed": cfg.seed, "torch": torch.__version__,
             # What regenerates the same synthetic images for torchrig-eval.
             "synthetic_shape": cfg.synthetic_shape, "synthetic_samples": cfg.synthetic_samples,
