@@ -7,7 +7,9 @@ Importing the package imports nothing else; each module is started or imported b
     config          the Config dataclass: every flag, its help, bounds and choices, the
                     --config YAML checks and check_settings (standard library and PyYAML
                     only: Ansible loads it by file path)
-    data            the datasets as normalised in-memory tensors
+    data            the built-in datasets as normalised in-memory tensors, and the choice
+    imagefolder     --dataset imagefolder: the user's images streamed from disk
+    make_images     a generated, learnable ImageFolder data set (tests, benchmarks)
     models          the small CNN and the adapted ResNet-18
     checkpoint      atomic node-local checkpoints and the agreement on which to resume
     dist            process-group set-up, device choice and the few collectives used
