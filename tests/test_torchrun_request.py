@@ -134,7 +134,7 @@ def test_the_job_name_rule_is_the_torchrig_roles():
 def test_a_bad_training_option_names_every_option_and_what_is_allowed(values, shown):
     message = refused(values)
     assert message.startswith("Bad training option. Allowed: dataset one of mnist5k, digits, synthetic, mnist, "
-                              "fashion-mnist, cifar10 (got ")
+                              "fashion-mnist, cifar10, imagefolder (got ")
     assert "model cnn or resnet18" in message
     assert shown in message
 

@@ -103,7 +103,7 @@ def test_check_settings_accepts_good_values():
     ({"momentum": 1}, "momentum must be a number >= 0 and < 1, got '1'"),
     ({"keep_checkpoints": 0}, "keep_checkpoints must be an integer >= 1, got '0'"),
     ({"dataset": "imagenet"}, "dataset must be one of mnist5k, digits, synthetic, mnist, "
-                              "fashion-mnist, cifar10, got 'imagenet'"),
+                              "fashion-mnist, cifar10, imagefolder, got 'imagenet'"),
     ({"optimizer": "lion"}, "optimizer must be one of adamw, sgd, got 'lion'"),
     ({"compile": "yes"}, "compile must be true or false, got 'yes'"),
     ({"batch-size": 0}, "batch-size must be an integer >= 1, got '0'"),
