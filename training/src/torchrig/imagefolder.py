@@ -63,7 +63,8 @@ class ImageFolderData:
                 f"--dataset imagefolder: {base}/train and {base}/val must have the same class "
                 f"folders; only in train: {', '.join(only_train) or 'none'}; only in val: "
                 f"{', '.join(only_val) or 'none'}")
-        # RGB whatever the files hold (grey, palette, alpha), so every batch stacks.
+        # ImageFolder's loader opens every file as RGB (grey, palette and alpha converted),
+        # and every image leaves the transform the same size: any files stack into a batch.
         transform = v2.Compose([v2.PILToTensor(), v2.Resize(image_size, antialias=True),
                                 v2.CenterCrop(image_size)])
         self.train = tv.datasets.ImageFolder(str(base / "train"), transform=transform)
