@@ -157,3 +157,16 @@ def test_a_missing_train_dir_ends_the_trainer_with_status_2(tmp_path: Path):
     assert proc.returncode == 2, proc.stderr
     assert (f"torchrig-train: error: --dataset imagefolder: {tmp_path}/train is missing; "
             "--data-dir must hold train/ and val/") in proc.stderr
+
+
+def test_grey_alpha_and_odd_sized_files_make_one_batch(tmp_path: Path):
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c, (mode, size) in enumerate([("L", (50, 20)), ("RGBA", (17, 33)), ("P", (9, 64))]):
+            (tmp_path / split / f"c{c}").mkdir(parents=True)
+            Image.new(mode, size).save(tmp_path / split / f"c{c}" / "x.png")
+    data = ImageFolderData(str(tmp_path), 16, workers=0)
+    x, y = next(data.train_batches([0, 1, 2], 3))
+    assert tuple(x.shape) == (3, 3, 16, 16) and x.dtype == torch.float32
+    assert y.tolist() == [0, 1, 2] and data.input_shape == [3, 16, 16]
