@@ -165,3 +165,17 @@ print(json.dumps([module.check_settings({{"epochs": 0, "dataset": "digits"}}),
     problems, datasets, imported = json.loads(done.stdout)
     assert problems == ["epochs must be an integer >= 1, got '0'"]
     assert datasets == list(DATASETS) and imported == []
+
+
+def test_a_jobs_staged_data_is_the_default_data_dir(monkeypatch, tmp_path):
+    from torchrig.contract import ENV
+
+    monkeypatch.delenv(ENV["data_dir"], raising=False)
+    assert parse_config([]).data_dir == "data"
+    monkeypatch.setenv(ENV["data_dir"], "/var/lib/torchrig/data/abc")
+    assert parse_config([]).data_dir == "/var/lib/torchrig/data/abc"
+    # --config and the flag still win.
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("data-dir: /elsewhere\n")
+    assert parse_config(["--config", str(cfg)]).data_dir == "/elsewhere"
+    assert parse_config(["--data-dir", "/mine"]).data_dir == "/mine"

@@ -17,6 +17,7 @@ string annotations up in sys.modules, where a module loaded by path may not be.
 
 import argparse
 import dataclasses
+import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -91,7 +92,7 @@ class Config:
         "streamed from disk")
     data_dir: str = setting(
         "data", DATA, help="directory of the torchvision datasets, or of train/ and val/ for "
-        "imagefolder")
+        "imagefolder (in a job: its staged data, train.yml's -e data=, when it has some)")
     download: bool = setting(
         False, DATA, help="let torchvision download a missing dataset into --data-dir")
     model: str = setting(
@@ -297,6 +298,11 @@ def _yaml_defaults(path: str) -> dict[str, Any]:
 def parse_config(argv: list[str] | None = None) -> Config:
     """Flags over YAML over defaults. Exits with status 2 and a message on a bad value."""
     parser = build_parser()
+    # A job's staged data (train.yml's -e data=) is its default --data-dir. Imported here,
+    # not at the top: the controller loads this file by path, outside the package.
+    from torchrig.contract import ENV
+    if os.environ.get(ENV["data_dir"]):
+        parser.set_defaults(data_dir=os.environ[ENV["data_dir"]])
     first, _ = parser.parse_known_args(argv)
     if first.config:
         try:

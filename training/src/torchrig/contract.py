@@ -35,6 +35,9 @@ ENV = {
     "run_dir": "TORCHRIG_RUN_DIR",
     # What a job writes here comes back to runs/<job>/.
     "output_dir": "TORCHRIG_OUTPUT_DIR",
+    # The job's data (train.yml's -e data=), staged on the node's own disk, read-only to
+    # the job; unset when the job has none. The built-in trainer's default --data-dir.
+    "data_dir": "TORCHRIG_DATA_DIR",
     # What each worker runs: a script path, or -m MODULE.
     "entrypoint": "TORCHRIG_ENTRYPOINT",
     # The entry point's extra arguments, a JSON list: systemd splits `$VAR` on the unit's
