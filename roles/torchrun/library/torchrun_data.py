@@ -5,6 +5,20 @@ The logic is module_utils/torchrun_data.py's."""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.torchrun_data import (
+    data_dirs_in_use,
+    digest,
+    manifest,
+    to_remove,
+    version_inodes,
+)
+
 DOCUMENTATION = r"""
 module: torchrun_data
 short_description: A job's staged data versions on a node
@@ -23,20 +37,6 @@ options:
   config_dir: {type: path, default: /etc/torchrig/jobs, description: The jobs' environment files (prune).}
   env_name: {type: str, default: "", description: The environment name of a job's data directory (prune).}
 """
-
-import os
-import re
-import shutil
-import subprocess
-
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchrun_data import (
-    data_dirs_in_use,
-    digest,
-    manifest,
-    to_remove,
-    version_inodes,
-)
 
 DIGEST = re.compile(r"[0-9a-f]{64}")
 INCOMING = ".incoming-"
