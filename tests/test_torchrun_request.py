@@ -6,6 +6,7 @@ tests/test_train_validation.py runs the same checks through train.yml."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -341,7 +342,7 @@ def test_train_options_win_over_the_named_options():
 
 
 @pytest.mark.parametrize(("typed", "hint"), [(["epoch"], " (did you mean epochs?)"),
-                                             (["data"], " (did you mean dataset?)"),
+                                             (["datset"], " (did you mean dataset?)"),
                                              (["nodes", "restarts"], " (did you mean max_restarts?)"),
                                              (["frobnicate"], "")])
 def test_an_unknown_e_name_is_refused_naming_it_and_the_known_ones(typed, hint):
@@ -355,3 +356,39 @@ def test_an_unknown_e_name_is_refused_naming_it_and_the_known_ones(typed, hint):
 def test_role_settings_and_ansibles_own_names_may_be_typed():
     typed = ["epochs", "torchrun_join_timeout", "torchrig_rdzv_ports", "ansible_user", "_raw_params"]
     req._check_names(typed)
+
+
+def test_data_is_a_controller_path_made_absolute_or_a_name_of_torchrig_datasets(tmp_path: Path, monkeypatch):
+    (tmp_path / "set").mkdir()
+    (tmp_path / "one.csv").write_text("x\n")
+    monkeypatch.chdir(tmp_path)
+    assert settings({"data": "set"})["torchrun_data"] == str(tmp_path / "set")
+    assert settings({"data": "one.csv"})["torchrun_data"] == str(tmp_path / "one.csv")
+    named = settings({"data": "imgs"}, datasets={"imgs": str(tmp_path / "set")})
+    assert named["torchrun_data"] == str(tmp_path / "set")
+    assert "torchrun_data" not in settings({})
+
+
+def test_data_that_is_neither_a_path_nor_a_name_lists_the_names(tmp_path: Path):
+    message = refused_with({"data": "imgs"}, datasets={"cifar": "/x", "mnist": "/y"})
+    assert message.endswith("No job was started.")
+    assert "data=imgs is neither a directory or file on the controller nor a name of the inventory's " \
+           "torchrig_datasets (its names: cifar, mnist)." in message
+    assert "(its names: none)" in refused_with({"data": str(tmp_path / "nope")})
+
+
+def test_a_named_dataset_whose_path_is_missing_names_both(tmp_path: Path):
+    message = refused_with({"data": "imgs"}, datasets={"imgs": str(tmp_path / "gone")})
+    assert f"data=imgs (torchrig_datasets: {tmp_path}/gone) does not exist on the controller." in message
+
+
+def test_unreadable_data_is_refused(tmp_path: Path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o000)
+    try:
+        if os.access(locked, os.R_OK):
+            pytest.skip("root reads a directory of mode 000")
+        assert f"data={locked} is not readable by this user on the controller." in refused_with({"data": str(locked)})
+    finally:
+        locked.chmod(0o700)
+

@@ -169,7 +169,7 @@ def test_an_env_name_of_the_contract_is_refused(inventory: Path) -> None:
 
 @pytest.mark.parametrize(("typed", "shown"), [
     ("epoch=3", "-e epoch is not a setting of train.yml (did you mean epochs?)"),
-    ("data=digits", "-e data is not a setting of train.yml (did you mean dataset?)"),
+    ("datset=digits", "-e datset is not a setting of train.yml (did you mean dataset?)"),
 ])
 def test_a_misspelt_name_is_refused(inventory: Path, typed: str, shown: str) -> None:
     """It was ignored: the job trained with the default epochs."""
@@ -195,3 +195,11 @@ def test_a_script_file_name_with_a_space_is_refused(inventory: Path, tmp_path: P
     script.write_text("print('hi')\n")
     out = train(inventory, "-e", "nodes=2", "-e", json.dumps({"script": str(script)}))
     assert "the file's name \"my train.py\" must be letters, digits" in out
+
+
+def test_data_neither_on_the_controller_nor_named_is_refused(tmp_path: Path) -> None:
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(INVENTORY + "      vars: {torchrig_datasets: {cifar: /srv/cifar}}\n")
+    out = train(inv, "-e", "nodes=2", "-e", "data=imagenet")
+    assert ("data=imagenet is neither a directory or file on the controller nor a name of the inventory's "
+            "torchrig_datasets (its names: cifar).") in out

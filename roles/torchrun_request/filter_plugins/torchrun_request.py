@@ -75,7 +75,7 @@ NAMES: dict[str, str | None] = {
     "rdzv_port": "torchrun_rdzv_port", "max_restarts": "torchrun_max_restarts",
     "nproc_per_node": "torchrun_nproc_per_node", "detach": "torchrun_wait",
     "min_nodes": "torchrun_min_nodes", "script": "torchrun_script", "entry": "torchrun_script_entry",
-    "extra_args": "torchrun_extra_args", "env": "torchrun_env",
+    "extra_args": "torchrun_extra_args", "env": "torchrun_env", "data": "torchrun_data",
     "results_dir": "torchrun_fetch_dir", "group": None,
 }
 # What Ansible keeps of an -e key=value that it split at a space.
@@ -342,16 +342,45 @@ def _env(values: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def _data(values: Mapping[str, Any], datasets: Any) -> str:
+    """-e data: a directory or file on the controller, or a name of the inventory's
+    torchrig_datasets (name: controller path); its absolute path, or '' for none."""
+    data = values.get("data")
+    if data in (None, ""):
+        return ""
+    datasets = datasets or {}
+    if not isinstance(datasets, Mapping):
+        raise RequestError(f"torchrig_datasets must be a mapping of name: path on the controller; got "
+                           f"{_json(datasets)}. " + NOT_STARTED)
+    text = str(data)
+    named = "/" not in text and text in datasets
+    path = str(datasets[text]) if named else text
+    where = f"data={text} (torchrig_datasets: {path})" if named else f"data={text}"
+    if not named and not os.path.exists(path):
+        names = ", ".join(sorted(map(str, datasets))) or "none"
+        raise RequestError(
+            f"{where} is neither a directory or file on the controller nor a name of the inventory's "
+            f"torchrig_datasets (its names: {names}). " + NOT_STARTED)
+    if not os.path.exists(path):
+        raise RequestError(f"{where} does not exist on the controller. " + NOT_STARTED)
+    if not (os.path.isdir(path) or os.path.isfile(path)):
+        raise RequestError(f"{where} is neither a directory nor a regular file. " + NOT_STARTED)
+    if not os.access(path, os.R_OK | (os.X_OK if os.path.isdir(path) else 0)):
+        raise RequestError(f"{where} is not readable by this user on the controller. " + NOT_STARTED)
+    return os.path.abspath(path)
+
+
 # ---------------------------------------------------------------- the request
 
 
 def request(values: Mapping[str, Any], hosts: Sequence[str], group: str = "cluster",
-            typed: Iterable[str] = (), rdzv_ports: Any = None) -> dict[str, Any]:
+            typed: Iterable[str] = (), rdzv_ports: Any = None, datasets: Any = None) -> dict[str, Any]:
     """The job's settings from train.yml's -e `values` (only those given), the inventory
     `hosts` of `group`; RequestError for the first check that fails.
 
     `typed`: the names typed with -e (none when train.yml was imported with vars);
-    `rdzv_ports`: the inventory's torchrig_rdzv_ports (None: the torchrig role's default).
+    `rdzv_ports`: the inventory's torchrig_rdzv_ports (None: the torchrig role's default);
+    `datasets`: the inventory's torchrig_datasets (name: controller path), for -e data=NAME.
 
     Returned: nodes (the selected hosts) and vars, the torchrun role's variables that were
     given or that the request decides (the job, its nodes, the options), under their own
@@ -376,6 +405,7 @@ def request(values: Mapping[str, Any], hosts: Sequence[str], group: str = "clust
     _check_script(values, script, entry)
     extra_args = _extra_args(values)
     env = _env(values)
+    data = _data(values, datasets)
 
     for name, (flag, kind) in TRAINING_OPTIONS.items():
         if flag in options and name in values and flag not in (values.get("train_options") or {}):
@@ -392,7 +422,7 @@ def request(values: Mapping[str, Any], hosts: Sequence[str], group: str = "clust
         "nproc_per_node": lambda v: int(str(v)), "max_restarts": lambda v: int(str(v)),
         "script": lambda v: script, "entry": lambda v: entry, "extra_args": lambda v: extra_args,
         "env": lambda v: env, "detach": lambda v: str(v).lower() not in ("true", "yes"),
-        "results_dir": lambda v: f"{v}/{job}",
+        "results_dir": lambda v: f"{v}/{job}", "data": lambda v: data,
     }
     decided.update((NAMES[name], value(values[name])) for name, value in given.items()  # type: ignore[misc]
                    if name in values and values[name] not in (None, ""))
@@ -400,11 +430,11 @@ def request(values: Mapping[str, Any], hosts: Sequence[str], group: str = "clust
 
 
 def request_problem(values: Mapping[str, Any], hosts: Sequence[str], group: str = "cluster",
-                    typed: Iterable[str] = (), rdzv_ports: Any = None) -> str:
+                    typed: Iterable[str] = (), rdzv_ports: Any = None, datasets: Any = None) -> str:
     """The message of the first check that fails, or "" for a good request. The role
     prints it with an assert: a filter that raises gets Ansible's own wrapper around it."""
     try:
-        request(values, hosts, group, typed, rdzv_ports)
+        request(values, hosts, group, typed, rdzv_ports, datasets)
     except RequestError as e:
         return str(e)
     return ""
