@@ -116,3 +116,10 @@ def test_version_inodes_counts_a_hard_link_once(tmp_path):
 def test_the_data_dirs_running_jobs_use_come_from_their_env_files():
     texts = [f"A=a\n{DATA_DIR}=/var/lib/torchrig/data/abc/\n", "A=b\n", f"X{DATA_DIR}=/nope\n"]
     assert data.data_dirs_in_use(texts, DATA_DIR) == {"/var/lib/torchrig/data/abc"}
+
+
+def test_the_bytes_a_transfer_moved_come_from_rsyncs_stats():
+    stats = "Number of files: 3\nTotal bytes sent: 1,048,911\nTotal bytes received: 35\n"
+    assert data.rsync_bytes(stats, "sent") == 1048911
+    assert data.rsync_bytes(stats, "received") == 35
+    assert data.rsync_bytes("", "sent") == 0

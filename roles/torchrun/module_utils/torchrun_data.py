@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -184,3 +185,10 @@ def data_dirs_in_use(env_texts: Iterable[str], env_name: str) -> set[str]:
             if line.startswith(env_name + "="):
                 out.add(line.split("=", 1)[1].strip().rstrip("/"))
     return out
+
+
+def rsync_bytes(stats: str, which: str) -> int:
+    """'Total bytes sent' or 'received' from rsync's --stats (0 when absent): what a
+    transfer moved, protocol included."""
+    m = re.search(rf"^Total bytes {which}: ([0-9,.]+)", stats or "", re.M)
+    return int(re.sub(r"[,.]", "", m[1])) if m else 0
