@@ -37,7 +37,7 @@ from launch import (
     wait_for,
 )
 from torchrig import checkpoint
-from torchrig.contract import FILES
+from torchrig.contract import ENV, EXIT_NODES_MISSING, FILES
 
 ACC_TOL = 0.005  # absolute, 0..1 (5 of the 1,000 held-out images)
 LOSS_RTOL = 0.02
@@ -247,3 +247,53 @@ def test_elastic_job_loses_one_of_three_nodes_and_finishes_on_two(tmp_path: Path
     assert summary["world_size"] == 2
     assert summary["resumed_from_step"] is not None and summary["resumed_from_step"] >= 25
     assert summary["accuracy"] >= 0.9
+
+
+LATE_FAILURE = """
+import sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+dist.barrier()
+dist.destroy_process_group()
+if rank == 1:
+    sys.exit(0)
+# Rank 0 saves alone, after rank 1 has exited for good, and fails.
+time.sleep(3)
+raise RuntimeError("saving the model failed: no space left for model.ckpt")
+"""
+
+
+def test_a_node_that_fails_after_its_peers_finished_ends_at_once_with_its_traceback(tmp_path: Path):
+    """Rank 0 fails while saving after rank 1's node has finished for good. It used to wait
+    for the finished node at the restart's rendezvous until join_timeout and end with
+    "node-b did not join" (issue 29: 670 s, the traceback only in the journal). Now the
+    node sees at the restart that a peer has finished, and ends at once, its traceback in
+    the run directory's end file; the finished node leaves its exit barrier at once too."""
+    script = tmp_path / "late.py"
+    script.write_text(LATE_FAILURE)
+    port = free_port()
+    dirs = [tmp_path / f"node-{n}" for n in "ab"]
+    launches = []
+    start_time = time.monotonic()
+    for i, d in enumerate(dirs):
+        d.mkdir()
+        cmd = [sys.executable, "-m", "torchrig.launch", "--nnodes=2", "--nproc-per-node=1",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=late",
+               f"--rdzv-conf=join_timeout=120,is_host={int(i == 0)}", "--max-restarts=3",
+               "--module", "torchrig.worker", str(script)]
+        launches.append(start(cmd, tmp_path / f"node-{d.name}.log", env={ENV["run_dir"]: str(d)}))
+    codes = [la.wait() for la in launches]
+    took = time.monotonic() - start_time
+    logs = [la.output()[-3000:] for la in launches]
+    ended = [d for d in dirs if (d / FILES["ended"]).exists()]
+    assert len(ended) == 1, logs
+    failed = dirs.index(ended[0])
+    assert codes[failed] == EXIT_NODES_MISSING and codes[1 - failed] == 0, (codes, logs)
+    record = json.loads((ended[0] / FILES["ended"]).read_text())
+    assert record["kind"] == "failed after the other nodes finished", record
+    text = "\n".join(record["lines"])
+    assert "RuntimeError: saving the model failed: no space left for model.ckpt" in text, record
+    assert "Traceback (most recent call last):" in text and "late.py" in text, record
+    assert "did not join" not in logs[failed]
+    assert took < 60, (took, logs)

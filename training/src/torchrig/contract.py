@@ -55,8 +55,12 @@ ENV = {
 FILES = {
     # A worker's failure that a retry would repeat (torchrig.worker).
     "fatal": "fatal.json",
-    # Nodes that did not join within join_timeout (torchrig.launch).
+    # The job cannot go on from this node (torchrig.launch): nodes that did not join within
+    # join_timeout, or this node failed after the others had finished for good.
     "ended": "ended.json",
+    # A worker's newest failure on this node, its traceback (torchrig.worker): what
+    # torchrig.launch reports when the job cannot go on after it.
+    "failure": "failure.json",
     # Written by rank 0: the node whose output directory goes to the top of runs/<job>/.
     "rank0": "rank0.json",
     # The trainer's rank 0, at the end: the run is complete.
@@ -69,7 +73,8 @@ OUTPUT_DIR = "output"
 
 # The ends that a restart would repeat, which the unit does not restart
 # (RestartPreventExitStatus) and after which it disables itself.
-# torchrig.launch's exit status when nodes did not join within join_timeout.
+# torchrig.launch's exit status when the job cannot go on from this node: nodes did not
+# join within join_timeout, or its workers failed after the other nodes had finished.
 EXIT_NODES_MISSING = 3
 # The signal torchrig.worker ends its launcher with after a failure that a retry would
 # repeat. systemd names it without "SIG" in $EXIT_STATUS.

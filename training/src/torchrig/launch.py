@@ -10,6 +10,15 @@ unit, so a node that never came back kept the others waiting at rendezvous forev
 NODES_MISSING, which the unit does not restart, with a message that names the nodes that
 did not join and ENDED_FILE in the run directory saying the same for train.yml.
 
+A node whose workers fail after the other nodes' workers have finished for good (a script
+that crashes in its last barrier or while saving, its peers already done) cannot be
+restarted either: torchrun's restart waits at rendezvous for nodes that never come, until
+join_timeout. At that restart, the nodes that finished are seen in torchrun's exit barrier
+(which an agent enters only after its workers succeeded), and the job ends at once with
+the same exit status, ENDED_FILE holding the worker's own traceback (from
+FAILURE_FILE, torchrig.worker); this node checks into the exit barrier, so that the
+finished nodes leave it at once instead of after its timeout.
+
 The nodes that did join are read from the rendezvous state that torchrun's dynamic
 rendezvous keeps (its participants and their heartbeats, by the address each node gave
 with --local-addr); the job's environment lists the job's nodes as name=address pairs
@@ -18,6 +27,7 @@ with --local-addr); the job's environment lists the job's nodes as name=address 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -29,9 +39,72 @@ from torchrig import contract
 
 NODES_MISSING = contract.EXIT_NODES_MISSING
 ENDED_FILE = contract.FILES["ended"]
+FAILURE_FILE = contract.FILES["failure"]
 ENV = contract.ENV
 
 _seen_addresses: set[str] = set()
+# The last rendezvous round's store and number of nodes: at a restart, who finished.
+_last_round: dict = {}
+
+
+class PeersFinished(Exception):
+    """The workers failed here after `finished` of the other nodes had finished for good."""
+
+    def __init__(self, finished: int, nodes: int) -> None:
+        super().__init__(f"{finished} of the other {nodes - 1} nodes finished")
+        self.finished, self.nodes = finished, nodes
+
+
+def _exit_barrier_keys() -> tuple[str, str] | None:
+    """torchrun's exit barrier keys (private torch names): the count of agents whose
+    workers succeeded, and the key its last member sets. None if torch has other names."""
+    try:
+        from torch.distributed.elastic.agent.server import api
+        from torch.distributed.elastic.utils import store as store_util
+        prefix = api._TERMINAL_STATE_SYNC_ID
+        return prefix + store_util._NUM_MEMBERS, prefix + store_util._LAST_MEMBER_CHECKIN
+    except (ImportError, AttributeError):
+        return None
+
+
+def finished_nodes(store: object, keys: tuple[str, str]) -> int:
+    """How many agents of the round have entered the exit barrier: their workers succeeded,
+    and they will not join another round."""
+    return int(store.add(keys[0], 0))  # type: ignore[attr-defined]
+
+
+def check_in(store: object, keys: tuple[str, str], nodes: int) -> None:
+    """Enter the exit barrier as torchrun's own agents do, so that the nodes waiting
+    there leave it now rather than after exit_barrier_timeout."""
+    if int(store.add(keys[0], 1)) >= nodes:  # type: ignore[attr-defined]
+        store.set(keys[1], "<val_ignored>")  # type: ignore[attr-defined]
+
+
+def _remember_round(info: object) -> None:
+    """Keep the round's store and node count (RendezvousInfo, or an older torch's tuple)."""
+    store = getattr(info, "store", None)
+    nodes = getattr(info, "world_size", None)
+    if store is None and isinstance(info, tuple) and len(info) == 3:
+        store, _, nodes = info
+    if store is not None and nodes:
+        _last_round.update(store=store, nodes=int(nodes))
+
+
+def _end_if_peers_finished() -> None:
+    """At a restart: when another node has finished for good, it will not join again."""
+    keys = _exit_barrier_keys()
+    if not _last_round or keys is None or _last_round["nodes"] < 2:
+        return
+    store = _last_round["store"]
+    try:
+        finished = finished_nodes(store, keys)
+    except Exception:  # noqa: BLE001 - the store gone or torch changed: restart as before
+        return
+    if finished > 0:
+        # Failing here only costs the finished nodes their wait to exit_barrier_timeout.
+        with contextlib.suppress(Exception):
+            check_in(store, keys, _last_round["nodes"])
+        raise PeersFinished(finished, _last_round["nodes"])
 
 
 def job_nodes(spec: str) -> dict[str, str]:
@@ -79,11 +152,14 @@ def _watch_rendezvous() -> None:
     original = dr.DynamicRendezvousHandler.next_rendezvous
 
     def next_rendezvous(self):  # type: ignore[no-untyped-def]
+        _end_if_peers_finished()
         _seen_addresses.clear()
         try:
-            return original(self)
+            info = original(self)
         finally:
             _remember_joined(self)
+        _remember_round(info)
+        return info
 
     dr.DynamicRendezvousHandler.next_rendezvous = next_rendezvous
 
@@ -109,6 +185,30 @@ def report_missing(run_dir: Path, waited_s: float) -> str:
     return message
 
 
+def report_failed_after_peers(run_dir: Path, error: PeersFinished, started: float) -> str:
+    """Write ENDED_FILE for a failure after the other nodes finished: the worker's own
+    traceback (FAILURE_FILE, when written during this launch), then what happened."""
+    try:
+        failure = json.loads((run_dir / FAILURE_FILE).read_text())
+    except (OSError, ValueError):
+        failure = {}
+    fresh = isinstance(failure, dict) and float(failure.get("time", 0)) >= started
+    lines = failure.get("lines", []) if fresh else []
+    job = os.environ.get(ENV["job"], "?")
+    message = (f"torchrig: job {job} ends: its workers here failed after the other nodes "
+               f"had finished for good ({error.finished} of {error.nodes - 1}), so no restart "
+               "could bring them back. Fix the error above and start the job again with "
+               "train.yml; it resumes from its newest checkpoint.")
+    record = {"kind": "failed after the other nodes finished", "nodes": error.nodes,
+              "finished": error.finished, "time": time.time(),
+              "rank": failure.get("rank") if fresh else None, "lines": [*lines, message]}
+    try:
+        (run_dir / ENDED_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    except OSError as e:
+        message += f" (could not write {run_dir / ENDED_FILE}: {e})"
+    return "\n".join([*lines, message])
+
+
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
     from torch.distributed.run import main as torchrun_main
@@ -116,10 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     _watch_rendezvous()
     run_dir = Path(os.environ.get(ENV["run_dir"], "."))
     start = time.monotonic()
+    started = time.time()
     try:
         torchrun_main(sys.argv[1:] if argv is None else argv)
     except RendezvousTimeoutError:
         print(report_missing(run_dir, time.monotonic() - start), file=sys.stderr, flush=True)
+        return NODES_MISSING
+    except PeersFinished as e:
+        print(report_failed_after_peers(run_dir, e, started), file=sys.stderr, flush=True)
         return NODES_MISSING
     return 0
 

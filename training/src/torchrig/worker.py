@@ -43,6 +43,7 @@ from types import FrameType
 from torchrig import contract
 
 FATAL_FILE = contract.FILES["fatal"]
+FAILURE_FILE = contract.FILES["failure"]
 USAGE_EXIT_STATUS = 2  # argparse's, and torchrig.train's
 # Errors that come back unchanged on a retry of the same code and files.
 DETERMINISTIC = (SyntaxError, ImportError, FileNotFoundError, NotADirectoryError, IsADirectoryError)
@@ -96,6 +97,24 @@ def write_fatal(run_dir: Path, record: dict) -> None:
         pass
     finally:
         tmp.unlink()
+
+
+def note_failure(run_dir: Path, exc: BaseException) -> None:
+    """Keep this failure's traceback in FAILURE_FILE (the newest wins): torchrig.launch
+    reports it when the job cannot go on after it (its peers have finished)."""
+    if isinstance(exc, SystemExit) and exc.code in (0, None):
+        return
+    lines = [line.rstrip("\n") for chunk in traceback.format_exception(exc)
+             for line in chunk.splitlines()]
+    record = {"node": socket.gethostname(), "rank": int(os.environ.get("RANK", 0)),
+              "time": time.time(), "lines": lines[-60:]}
+    path = run_dir / FAILURE_FILE
+    tmp = path.with_name(f".{FAILURE_FILE}.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the journal has the traceback too
 
 
 def classify(exc: BaseException) -> tuple[str, int] | None:
@@ -253,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         note_job_files()
         run_entry(argv)
     except BaseException as exc:
+        note_failure(run_dir, exc)
         found = classify(exc)
         why = "not retried (it would fail the same way)"
         if found is None:
