@@ -22,12 +22,15 @@ def class_image(rng: np.random.Generator, label: int, classes: int, height: int,
                 width: int) -> np.ndarray:
     """(height, width, 3) uint8: the class's colour and stripes, under heavy noise."""
     hue = label / classes
-    colour = 127 + 40 * np.cos(2 * np.pi * (hue + np.array([0.0, 1 / 3, 2 / 3])))
-    yy, xx = np.mgrid[0:height, 0:width]
-    along = xx if label % 2 == 0 else yy
-    stripes = 25 * np.sign(np.sin(along * (2 * np.pi / 8)))
-    noise = rng.normal(0, 70, (height, width, 3))
-    return np.clip(colour + stripes[..., None] + noise, 0, 255).astype(np.uint8)
+    colour = 127 + 40 * np.cos(2 * np.pi * (hue + np.array([0, 1 / 3, 2 / 3], np.float32)))
+    # Stripes 4 px wide, across the image for even classes, down it for odd ones.
+    stripes = np.where(np.arange(width if label % 2 == 0 else height) % 8 < 4, 25, -25)
+    stripes = stripes[None, :, None] if label % 2 == 0 else stripes[:, None, None]
+    image = rng.standard_normal((height, width, 3), dtype=np.float32)  # float32: 2x faster
+    image *= 70
+    image += colour.astype(np.float32)
+    image += stripes
+    return np.clip(image, 0, 255, out=image).astype(np.uint8)
 
 
 def write_ppm(path: Path, image: np.ndarray) -> int:
