@@ -77,9 +77,10 @@ def parse(line: str) -> tuple[str, dict[str, Any], str]:
     return playbook, values, comment
 
 
-def check_train_request(values: dict[str, Any]) -> dict[str, Any]:
-    """train.yml's check: request() with the values given, every name typed with -e."""
-    return req.request(values, HOSTS, "cluster", typed=list(values))
+def check_train_request(values: dict[str, Any], datasets: dict[str, str] | None = None) -> dict[str, Any]:
+    """train.yml's check: request() with the values given, every name typed with -e, the
+    inventory's torchrig_datasets."""
+    return req.request(values, HOSTS, "cluster", typed=list(values), datasets=datasets)
 
 
 EXAMPLES = examples()
@@ -108,12 +109,18 @@ def test_example(doc: str, line: str, tmp_path: Path, monkeypatch: pytest.Monkey
     elif script:
         (tmp_path / script).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / script).write_text("print('a job')\n")
+    # -e data=: a directory the example names, or a name the inventory would give.
+    data, datasets = str(values.get("data", "")), {}
+    if "/" in data:
+        (tmp_path / data).mkdir(parents=True)
+    elif data:
+        datasets = {data: str(tmp_path)}
     if "refused" in comment:
         with pytest.raises(req.RequestError):
-            check_train_request(values)
+            check_train_request(values, datasets)
     else:
         try:
-            check_train_request(values)
+            check_train_request(values, datasets)
         except req.RequestError as e:
             pytest.fail(f"{doc}: {line}\nrefused: {e}")
 

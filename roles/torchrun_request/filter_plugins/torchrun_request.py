@@ -354,7 +354,7 @@ def _data(values: Mapping[str, Any], datasets: Any) -> str:
                            f"{_json(datasets)}. " + NOT_STARTED)
     text = str(data)
     named = "/" not in text and text in datasets
-    path = str(datasets[text]) if named else text
+    path = os.path.expanduser(str(datasets[text]) if named else text)
     where = f"data={text} (torchrig_datasets: {path})" if named else f"data={text}"
     if not named and not os.path.exists(path):
         names = ", ".join(sorted(map(str, datasets))) or "none"
