@@ -392,3 +392,12 @@ def test_unreadable_data_is_refused(tmp_path: Path):
     finally:
         locked.chmod(0o700)
 
+
+def test_gpus_and_queue_are_handed_on_and_bad_ones_named():
+    """Issue 32: -e gpus=N (GPUs per node, or all) and -e queue=true."""
+    got = settings({"gpus": "1", "queue": "true"})
+    assert (got["torchrun_gpus"], got["torchrun_queue"]) == (1, True)
+    assert settings({"gpus": "ALL"})["torchrun_gpus"] == "all"
+    assert refused({"gpus": "0"}).startswith("gpus must be the GPUs per node the job holds, a whole number from 1, "
+                                             'or all (the default: every GPU of each node); got "0".')
+    assert 'queue must be true' in refused({"queue": "later"})

@@ -203,3 +203,10 @@ def test_data_neither_on_the_controller_nor_named_is_refused(tmp_path: Path) -> 
     out = train(inv, "-e", "nodes=2", "-e", "data=imagenet")
     assert ("data=imagenet is neither a directory or file on the controller nor a name of the inventory's "
             "torchrig_datasets (its names: cifar).") in out
+
+
+@pytest.mark.parametrize("gpus", ["0", "-1", "half"])
+def test_bad_gpus_is_refused_before_any_host(inventory: Path, gpus: str) -> None:
+    """Issue 32: -e gpus= is GPUs per node, a whole number from 1, or all."""
+    out = train(inventory, "-e", "nodes=2", "-e", f"gpus={gpus}")
+    assert "gpus must be the GPUs per node the job holds, a whole number from 1, or all" in out

@@ -74,6 +74,7 @@ NAMES: dict[str, str | None] = {
     "checkpoint_every": "torchrun_train_options", "train_options": "torchrun_train_options",
     "rdzv_port": "torchrun_rdzv_port", "max_restarts": "torchrun_max_restarts",
     "nproc_per_node": "torchrun_nproc_per_node", "detach": "torchrun_wait",
+    "gpus": "torchrun_gpus", "queue": "torchrun_queue",
     "min_nodes": "torchrun_min_nodes", "script": "torchrun_script", "entry": "torchrun_script_entry",
     "extra_args": "torchrun_extra_args", "env": "torchrun_env", "data": "torchrun_data",
     "results_dir": "torchrun_fetch_dir", "group": None,
@@ -278,6 +279,18 @@ def _check_options(values: Mapping[str, Any], options: Mapping[str, Any], ports:
             f"(got {_json(values.get('train_options', {}))}).{found} " + NOT_STARTED)
 
 
+def _check_gpus(values: Mapping[str, Any]) -> None:
+    """gpus: GPUs per node, a whole number from 1 or all; queue: true or false. Whether the
+    nodes have that many free is the torchrun role's check, on the nodes."""
+    gpus, queue = values.get("gpus", "all"), values.get("queue", False)
+    if not (str(gpus).lower() == "all" or (_whole(gpus) and int(str(gpus)) >= 1)):
+        raise RequestError(f"gpus must be the GPUs per node the job holds, a whole number from 1, or all (the "
+                           f"default: every GPU of each node); got {_json(gpus)}. " + NOT_STARTED)
+    if str(queue).lower() not in ("true", "false", "yes", "no"):
+        raise RequestError(f"queue must be true (wait for the GPUs to free, then start by itself) or false "
+                           f"(refuse when they are held); got {_json(queue)}. " + NOT_STARTED)
+
+
 def _check_min_nodes(values: Mapping[str, Any], nnodes: int) -> None:
     if "min_nodes" not in values:
         return
@@ -400,6 +413,7 @@ def request(values: Mapping[str, Any], hosts: Sequence[str], group: str = "clust
     ports = port_range(rdzv_ports if rdzv_ports not in (None, "") else rdzv_ports_default())
     _check_options(values, options, ports)
     _check_min_nodes(values, len(nodes))
+    _check_gpus(values)
     script = str(values.get("script") or "")
     entry = str(values.get("entry", torchrun_default("torchrun_script_entry")))
     _check_script(values, script, entry)
@@ -423,6 +437,8 @@ def request(values: Mapping[str, Any], hosts: Sequence[str], group: str = "clust
         "script": lambda v: script, "entry": lambda v: entry, "extra_args": lambda v: extra_args,
         "env": lambda v: env, "detach": lambda v: str(v).lower() not in ("true", "yes"),
         "results_dir": lambda v: f"{v}/{job}", "data": lambda v: data,
+        "gpus": lambda v: str(v).lower() if str(v).lower() == "all" else int(str(v)),
+        "queue": lambda v: str(v).lower() in ("true", "yes"),
     }
     decided.update((NAMES[name], value(values[name])) for name, value in given.items()  # type: ignore[misc]
                    if name in values and values[name] not in (None, ""))

@@ -45,6 +45,9 @@ ENV = {
     "args": "TORCHRIG_ARGS",
     # The job's one backend, nccl or gloo, decided across its hosts.
     "backend": "TORCHRIG_BACKEND",
+    # The GPUs a job holds on a node (by PCI bus order), in its .gpus file: what
+    # the GPU choice reads of every running job there.
+    "gpus": "TORCHRIG_GPUS",
     # Set by torchrig.worker inside a worker, not by the role: a SIGTERM kept for the
     # trainer (`python -m torchrig.worker` runs as __main__, so a module variable would
     # not reach the trainer's import of it).

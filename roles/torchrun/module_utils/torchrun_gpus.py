@@ -1,0 +1,285 @@
+"""Which GPUs of a node each job holds, which a new job gets, and the GPU queue.
+
+Nothing is booked anywhere: the GPUs held on a node are read from what systemd says runs.
+Each job's unit reads its GPUs from `<config_dir>/<job>.gpus` (an EnvironmentFile written
+just before the unit starts); the GPUs held are those files' of the units that systemd
+reports running. A job that ends, fails or is stopped frees its GPUs at once, and after a
+reboot only the units that run again hold any.
+
+One file, used three ways: the torchrun_jobs module imports it (ansible.module_utils), the
+controller's filter plugin loads it by path, and the queue runner on each node
+(torchrig-queue.service, as root, with the system's python3) runs it as a script. Standard
+library only, no Ansible import: tests import it directly.
+
+Whatever a node says is untrusted input for the controller: unit names and file contents
+are checked where they are read (job names by pattern, GPU lists as whole numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+# A job's name, as torchrig_job_name_pattern says (it names the unit and the files).
+JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+UNIT = "torchrig-job@{}.service"
+# systemd's ActiveState values of a unit that holds (or is about to hold, or still holds)
+# its processes, hence its GPUs (as module_utils/torchrun_net.py's RUNNING_STATES).
+RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
+GPU_LIST = re.compile(r"(?:[0-9]{1,3}(?:,[0-9]{1,3})*)?")
+# A queue entry's file name: the controller's submit time (ns), then the job.
+ENTRY = re.compile(r"([0-9]{1,20})-([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.json")
+
+
+class GpuError(ValueError):
+    """A job that does not fit the GPUs free on a node. Not Ansible's own error class: tests
+    import this without Ansible."""
+
+
+# ------------------------------------------------------------------ reading a node
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """KEY=VALUE lines of an EnvironmentFile; comments and other lines are skipped."""
+    out = {}
+    for line in text.splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, value = line.split("=", 1)
+            out[key.strip()] = value.strip().strip('"')
+    return out
+
+
+def parse_gpus(value: str) -> list[int]:
+    """'0,1' as [0, 1]; '' as []. Anything else is not a GPU list: ValueError."""
+    if not GPU_LIST.fullmatch(value or ""):
+        raise ValueError(f"not a GPU list: {value[:40]!r}")
+    return sorted({int(g) for g in value.split(",")}) if value else []
+
+
+def parse_show(text: str) -> dict[str, dict[str, str]]:
+    """`systemctl show -p Id,...` of several units: {unit: {property: value}}."""
+    units: dict[str, dict[str, str]] = {}
+    for block in re.split(r"\n\s*\n", text):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if props.get("Id"):
+            units[props["Id"]] = props
+    return units
+
+
+def job_names(config_dir: str) -> list[str]:
+    """The jobs that have settings on this node (`<job>.env`), by name; other files skipped."""
+    try:
+        names = os.listdir(config_dir)
+    except OSError:
+        return []
+    return sorted(n[:-4] for n in names if n.endswith(".env") and JOB_NAME.fullmatch(n[:-4]))
+
+
+def started_at(monotonic_us: str, now: float, mono_now: float) -> int:
+    """Unix time from systemd's ActiveEnterTimestampMonotonic (µs since boot); 0 for never.
+    Monotonic, not the wall-clock string: its format differs between systemd versions."""
+    if not str(monotonic_us).isdigit() or int(monotonic_us) == 0:
+        return 0
+    return int(now - (mono_now - int(monotonic_us) / 1e6))
+
+
+Run = Callable[[list[str]], str]
+
+
+def _run(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read(65536)
+    except OSError:
+        return ""
+
+
+def node_jobs(config_dir: str, gpus_name: str, run: Run = _run, now: float | None = None,
+              mono_now: float | None = None) -> list[dict[str, Any]]:
+    """Every job with settings on this node: {job, state, running, since, gpus}.
+
+    `state` is systemd's ActiveState/SubState, `since` when the unit last became active
+    (Unix time, 0 for never), `gpus` the GPUs it holds: those of its .gpus file while
+    systemd says it runs, else none. This is the one answer to "which jobs run on this
+    node" (status.yml, train.yml's GPU choice, a drain)."""
+    jobs = job_names(config_dir)
+    if not jobs:
+        return []
+    now = time.time() if now is None else now
+    mono_now = time.monotonic() if mono_now is None else mono_now
+    shown = parse_show(run(["systemctl", "show", "--property=Id,ActiveState,SubState,ActiveEnterTimestampMonotonic",
+                            *[UNIT.format(j) for j in jobs]]))
+    out = []
+    for job in jobs:
+        props = shown.get(UNIT.format(job), {})
+        active = props.get("ActiveState", "inactive")
+        running = active in RUNNING_STATES
+        try:
+            gpus = parse_gpus(parse_env(_read(os.path.join(config_dir, f"{job}.gpus"))).get(gpus_name, ""))
+        except ValueError:
+            gpus = []
+        out.append({"job": job, "state": f"{active}/{props.get('SubState', 'dead')}", "running": running,
+                    "since": started_at(props.get("ActiveEnterTimestampMonotonic", "0"), now, mono_now),
+                    "gpus": gpus if running else []})
+    return out
+
+
+def count_gpus(gpus_dir: str) -> int:
+    """GPUs the loaded NVIDIA driver sees: one directory per GPU (by PCI address)."""
+    try:
+        return len([e for e in os.scandir(gpus_dir) if e.is_dir()])
+    except OSError:
+        return 0
+
+
+# ------------------------------------------------------------------ the choice
+
+
+def _when(since: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since)) if since else "a moment ago"
+
+
+def holders(jobs: Iterable[Mapping[str, Any]], job: str = "") -> list[Mapping[str, Any]]:
+    """The running jobs other than `job` that hold GPUs, oldest first."""
+    return sorted((j for j in jobs if j.get("running") and j.get("gpus") and j.get("job") != job),
+                  key=lambda j: (j.get("since", 0), j.get("job", "")))
+
+
+def free_gpus(total: int, jobs: Iterable[Mapping[str, Any]], job: str = "") -> list[int]:
+    """The GPUs 0..total-1 that no other running job holds."""
+    held = {int(g) for j in holders(jobs, job) for g in j["gpus"]}
+    return [g for g in range(int(total)) if g not in held]
+
+
+def wanted(want: Any, total: int) -> int:
+    """-e gpus: a whole number >= 1, or 0/'all'/None for every GPU of the node."""
+    text = str(want).strip().lower() if want is not None else "all"
+    if text in ("all", "0", ""):
+        return int(total)
+    if not text.isdigit():
+        raise GpuError(f"gpus must be a whole number of GPUs per node from 1, or all; got {want!r}.")
+    return int(text)
+
+
+def choose(total: int, jobs: Sequence[Mapping[str, Any]], want: Any, job: str, host: str) -> list[int]:
+    """The GPUs job `job` gets on `host`: the lowest-numbered free ones. GpuError, naming the
+    jobs that hold the others and when each started, when too few are free."""
+    need = wanted(want, total)
+    if need > int(total):
+        raise GpuError(f"Job {job} asks for {need} GPUs per node (gpus={want}) but {host} has {total}. "
+                       "Ask for fewer with -e gpus=N. No job was started.")
+    free = free_gpus(total, jobs, job)
+    if need <= len(free):
+        return free[:need]
+    held = "; ".join(f"job {j['job']} holds GPU {','.join(map(str, j['gpus']))} since {_when(int(j.get('since', 0)))}"
+                     for j in holders(jobs, job))
+    raise GpuError(
+        f"Job {job} asks for {need} GPUs per node but {host} has {len(free)} of {total} free ({held}). "
+        "Wait for one of them to end, stop one with playbooks/stop.yml -e job=NAME, ask for fewer with "
+        "-e gpus=N, or queue the job with -e queue=true (it starts by itself when the GPUs free). "
+        "No job was started.")
+
+
+def choice(total: int, jobs: Sequence[Mapping[str, Any]], want: Any, job: str, host: str) -> dict[str, Any]:
+    """choose() for a template: {gpus: [...], problem: ''} or {gpus: [], problem: message}."""
+    try:
+        return {"gpus": choose(total, jobs, want, job, host), "problem": ""}
+    except GpuError as e:
+        return {"gpus": [], "problem": str(e)}
+
+
+def gpus_env(gpus: Sequence[int], nproc: int, names: Mapping[str, str]) -> str:
+    """The .gpus EnvironmentFile: the GPUs held (by PCI bus order, which is the order of
+    the driver's /proc listing), and one process per GPU unless the job set its own."""
+    listed = ",".join(str(int(g)) for g in gpus)
+    lines = ["# The GPUs this job holds on this node (written when it starts; read by torchrig's GPU choice).",
+             f"{names['gpus']}={listed}",
+             # CUDA numbers GPUs fastest first by default; the driver lists them by PCI address.
+             "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+             f"CUDA_VISIBLE_DEVICES={listed}"]
+    if int(nproc) == 0:
+        lines.append(f"{names['nproc_per_node']}={max(len(gpus), 1)}")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ the queue
+
+
+def queue_entries(queue_dir: str) -> list[dict[str, Any]]:
+    """The queue's entries here, first come first: {at, job, want, nproc, gpus_dir}. An entry
+    whose name or content is not one is skipped."""
+    try:
+        names = os.listdir(queue_dir)
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        m = ENTRY.fullmatch(name)
+        if not m:
+            continue
+        try:
+            data = json.loads(_read(os.path.join(queue_dir, name)) or "null")
+            entry = {"at": int(m[1]), "job": m[2], "want": int(data["want"]), "nproc": int(data.get("nproc", 0)),
+                     "gpus_dir": str(data["gpus_dir"]), "file": name}
+        except (ValueError, TypeError, KeyError):
+            continue
+        out.append(entry)
+    return sorted(out, key=lambda e: (e["at"], e["job"]))
+
+
+def _write(path: str, text: str, group_of: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    st = os.stat(group_of)
+    os.chown(tmp, 0, st.st_gid)
+    os.chmod(tmp, 0o640)
+    os.replace(tmp, path)
+
+
+def run_queue(queue_dir: str, config_dir: str, names: Mapping[str, str], run: Run = _run) -> list[str]:
+    """Start the queued jobs whose GPUs are free here, first come first: the first entry that
+    does not fit stops the round, so a later, smaller job never passes it. Returns the jobs
+    started. A job whose unit already runs (started by train.yml) just leaves the queue."""
+    started = []
+    for entry in queue_entries(queue_dir):
+        jobs = node_jobs(config_dir, names["gpus"], run)
+        this = next((j for j in jobs if j["job"] == entry["job"]), None)
+        path = os.path.join(queue_dir, entry["file"])
+        if this is None or this["running"]:
+            os.unlink(path)
+            continue
+        total = count_gpus(entry["gpus_dir"])
+        free = free_gpus(total, jobs, entry["job"])
+        if entry["want"] > len(free):
+            break
+        env = os.path.join(config_dir, f"{entry['job']}.env")
+        _write(os.path.join(config_dir, f"{entry['job']}.gpus"), gpus_env(free[:entry["want"]], entry["nproc"], names),
+               env)
+        run(["systemctl", "enable", "--now", UNIT.format(entry["job"])])
+        os.unlink(path)
+        started.append(entry["job"])
+    return started
+
+
+def main(argv: Sequence[str]) -> int:
+    """torchrig-queue.service: `torchrun_gpus.py QUEUE_DIR CONFIG_DIR GPUS_NAME NPROC_NAME` (the
+    job contract's names of the GPU list and of the processes per node)."""
+    queue_dir, config_dir = argv[0], argv[1]
+    for job in run_queue(queue_dir, config_dir, {"gpus": argv[2], "nproc_per_node": argv[3]}):
+        print(f"torchrig queue: started job {job}: its GPUs are free here")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,132 @@
+"""GPUs per job (issue 32): which GPUs a node's running jobs hold, which a new job gets,
+and the queue that starts a job when its GPUs free (roles/torchrun/module_utils/torchrun_gpus.py).
+systemd is stood in for by its `systemctl show` text; the cluster scenario runs the real one."""
+
+import json
+import os
+
+import pytest
+from rolepy import load
+
+gpus = load("roles/torchrun/module_utils/torchrun_gpus.py", "torchrun_gpus")
+filt = load("roles/torchrun/filter_plugins/torchrun_gpus.py", "torchrun_gpus_filter")
+ENV = load("roles/torchrig/filter_plugins/torchrig_contract.py", "torchrig_contract").contract("env")
+NAMES = {"gpus": ENV["gpus"], "nproc_per_node": ENV["nproc_per_node"]}
+GPUS = ENV["gpus"]
+T0 = 1_800_000_000
+
+
+def job(name, held, since=T0, running=True):
+    return {"job": name, "gpus": held, "since": since, "running": running}
+
+
+def test_a_job_gets_the_lowest_free_gpus():
+    assert gpus.choose(2, [job("a", [0])], 1, "b", "node1") == [1]
+    assert gpus.choose(4, [job("a", [1, 2])], 2, "b", "node1") == [0, 3]
+    assert gpus.choose(2, [], None, "b", "node1") == [0, 1]  # default: all
+
+
+def test_a_job_that_does_not_fit_is_refused_naming_each_holder_and_when_it_started():
+    with pytest.raises(gpus.GpuError) as e:
+        gpus.choose(2, [job("b", [1], T0 + 60), job("a", [0])], 1, "c", "node1")
+    msg = str(e.value)
+    assert msg.startswith("Job c asks for 1 GPUs per node but node1 has 0 of 2 free (")
+    assert "job a holds GPU 0 since 2027-01-15 08:00:00 UTC; job b holds GPU 1 since 2027-01-15 08:01:00 UTC" in msg
+    assert "-e queue=true" in msg and msg.endswith("No job was started.")
+
+
+def test_stopped_jobs_and_the_job_itself_hold_nothing():
+    jobs = [job("a", [0], running=False), job("c", [1])]
+    assert gpus.free_gpus(2, jobs, "c") == [0, 1]
+
+
+def test_more_than_the_node_has_is_refused_and_bad_values_named():
+    with pytest.raises(gpus.GpuError, match="asks for 3 GPUs per node .gpus=3. but node1 has 2"):
+        gpus.choose(2, [], "3", "j", "node1")
+    with pytest.raises(gpus.GpuError, match="gpus must be a whole number of GPUs per node from 1, or all; got 'x'"):
+        gpus.choose(2, [], "x", "j", "node1")
+    assert filt.FilterModule().filters()["torchrun_gpu_choice"]([job("a", [0, 1])], 2, 1, "j", "n")["problem"]
+
+
+SHOW = """Id=torchrig-job@a.service
+ActiveState=active
+SubState=running
+ActiveEnterTimestampMonotonic=5000000
+
+Id=torchrig-job@b.service
+ActiveState=inactive
+SubState=dead
+ActiveEnterTimestampMonotonic=0
+"""
+
+
+def write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_the_gpus_held_are_read_from_running_units_only(tmp_path):
+    for name in ("a", "b"):
+        write(tmp_path / f"{name}.env", "x=1\n")
+        write(tmp_path / f"{name}.gpus", f"# c\n{GPUS}=1\n")
+    # A name that is not a job's is never handed to systemctl.
+    write(tmp_path / "bad name;rm.env", "")
+    asked = []
+
+    def run(argv):
+        asked.append(argv)
+        return SHOW
+
+    jobs = gpus.node_jobs(str(tmp_path), GPUS, run, now=T0, mono_now=105.0)
+    assert asked[0][-2:] == ["torchrig-job@a.service", "torchrig-job@b.service"]
+    assert jobs == [
+        {"job": "a", "state": "active/running", "running": True, "since": T0 - 100, "gpus": [1]},
+        {"job": "b", "state": "inactive/dead", "running": False, "since": 0, "gpus": []},
+    ]
+
+
+def test_a_gpu_list_that_is_not_one_holds_nothing(tmp_path):
+    write(tmp_path / "a.env", "")
+    write(tmp_path / "a.gpus", f"{GPUS}=0;rm -rf /\n")
+    assert gpus.node_jobs(str(tmp_path), GPUS, lambda a: SHOW, T0, 105.0)[0]["gpus"] == []
+    with pytest.raises(ValueError):
+        gpus.parse_gpus("1,x")
+
+
+def test_the_gpus_file_pins_cuda_and_runs_one_process_per_gpu():
+    text = filt.FilterModule().filters()["torchrun_gpus_env"]([1], 0, NAMES)
+    assert GPUS + "=1\nCUDA_DEVICE_ORDER=PCI_BUS_ID\nCUDA_VISIBLE_DEVICES=1\n" + ENV["nproc_per_node"] + "=1\n" in text
+    # A job that set its own processes per node keeps them.
+    assert "NPROC" not in gpus.gpus_env([0, 1], 4, NAMES)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the runner gives the .gpus file to root, as on a node")
+def test_the_queue_starts_jobs_first_come_first_served(tmp_path):
+    config, queue, gpus_dir = tmp_path / "jobs", tmp_path / "queue", tmp_path / "gpus"
+    for d in (config, queue, gpus_dir / "0000:3b:00.0", gpus_dir / "0000:5e:00.0"):
+        d.mkdir(parents=True)
+    running = {"a": "1"}  # job a runs and holds GPU 1
+    for name in ("a", "big", "small"):
+        write(config / f"{name}.env", "")
+    write(config / "a.gpus", f"{GPUS}=1\n")
+    # big came first and needs both GPUs: small (one GPU, free now) must not pass it.
+    for at, name, want in ((100, "big", 2), (200, "small", 1)):
+        write(queue / f"{at}-{name}.json", json.dumps({"want": want, "nproc": 0, "gpus_dir": str(gpus_dir)}))
+    write(queue / "junk.json", "{}")
+    started = []
+
+    def run(argv):
+        if argv[:2] == ["systemctl", "enable"]:
+            started.append(argv[-1])
+            running[argv[-1].split("@")[1].split(".")[0]] = "1"
+            return ""
+        return "\n\n".join(f"Id={u}\nActiveState={'active' if u.split('@')[1][:-8] in running else 'inactive'}\n"
+                           "SubState=x\nActiveEnterTimestampMonotonic=1" for u in argv[3:])
+
+    assert gpus.run_queue(str(queue), str(config), NAMES, run) == []
+    assert [e["job"] for e in gpus.queue_entries(str(queue))] == ["big", "small"]
+    del running["a"]  # a ends: big takes both GPUs, small waits on
+    assert gpus.run_queue(str(queue), str(config), NAMES, run) == ["big"]
+    assert "CUDA_VISIBLE_DEVICES=0,1\n" in (config / "big.gpus").read_text()
+    assert started == ["torchrig-job@big.service"]
+    assert [e["job"] for e in gpus.queue_entries(str(queue))] == ["small"]
