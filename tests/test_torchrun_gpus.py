@@ -4,8 +4,13 @@ systemd is stood in for by its `systemctl show` text; the cluster scenario runs 
 
 import json
 import os
+import pwd
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
+from conftest import run
 from rolepy import load
 
 gpus = load("roles/torchrun/module_utils/torchrun_gpus.py", "torchrun_gpus")
@@ -130,3 +135,33 @@ def test_the_queue_starts_jobs_first_come_first_served(tmp_path):
     assert "CUDA_VISIBLE_DEVICES=0,1\n" in (config / "big.gpus").read_text()
     assert started == ["torchrig-job@big.service"]
     assert [e["job"] for e in gpus.queue_entries(str(queue))] == ["small"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives the run directories to another user, as train.yml does")
+def test_the_jobs_module_reads_progress_as_the_jobs_user_only(tmp_path):
+    """status.yml's progress comes from the job's metrics, read as the owner of its run
+    directory (never root): a cut last line is skipped, a file the job's user cannot read
+    and a run directory that is a link give nothing."""
+    # The job's user must reach its run directory: pytest's own tmp_path is root's only.
+    top = Path(tempfile.mkdtemp(prefix="torchrig-pytest-runs-"))
+    top.chmod(0o711)
+    config, runs = tmp_path / "jobs", top / "runs"
+    for d in (config, runs / "ok", runs / "secret"):
+        d.mkdir(parents=True)
+    nobody = pwd.getpwnam("nobody")
+    for name in ("ok", "secret", "linked"):
+        write(config / f"{name}.env", "x=1\n")
+    write(runs / "ok" / "metrics.jsonl", '{"split": "train", "step": 5, "epoch": 0, "loss": 0.25}\n{"split": "tr')
+    write(runs / "secret" / "metrics.jsonl", '{"split": "train", "step": 9, "epoch": 1}\n').chmod(0o600)
+    (runs / "linked").symlink_to(runs / "ok")
+    for d in (runs / "ok", runs / "ok" / "metrics.jsonl", runs / "secret"):
+        os.chown(d, nobody.pw_uid, nobody.pw_gid)
+    os.chown(runs / "linked", nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
+    proc = run(["ansible", "localhost", "-c", "local", "-M", "roles/torchrun/library", "-m", "torchrun_jobs",
+                "-a", json.dumps({"config_dir": str(config), "gpus_name": GPUS, "run_root": str(runs),
+                                  "metrics": "metrics.jsonl", "queue_dir": str(tmp_path / "queue")}),
+                "-o"], env={"ANSIBLE_MODULE_UTILS": "roles/torchrun/module_utils"}, check=True)
+    shutil.rmtree(top)
+    got = {j["job"]: j["progress"] for j in json.loads(proc.stdout.split("=>", 1)[1])["jobs"]}
+    assert got["ok"].pop("at") > 0
+    assert got == {"ok": {"step": 5, "epoch": 0, "loss": 0.25}, "secret": {}, "linked": {}}

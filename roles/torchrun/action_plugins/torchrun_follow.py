@@ -68,6 +68,7 @@ class ActionModule(ActionBase):
             if state not in RUNNING:
                 break
             time.sleep(poll)
-        result.update(changed=False, state=state, lines=shown,
-                      msg=f"{unit} on {host} is {state}: the journal ends here ({shown} lines shown).")
+        msg = f"{unit} on {host} is {clean(state)}: the journal ends here ({shown} lines shown)."
+        display.display(msg)
+        result.update(changed=False, state=state, lines=shown, msg=msg)
         return result
