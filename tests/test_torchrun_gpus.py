@@ -15,7 +15,8 @@ from rolepy import load
 
 gpus = load("roles/torchrun/module_utils/torchrun_gpus.py", "torchrun_gpus")
 filt = load("roles/torchrun/filter_plugins/torchrun_gpus.py", "torchrun_gpus_filter")
-ENV = load("roles/torchrig/filter_plugins/torchrig_contract.py", "torchrig_contract").contract("env")
+CONTRACT = load("roles/torchrig/filter_plugins/torchrig_contract.py", "torchrig_contract").contract()
+ENV, METRICS = CONTRACT["env"], CONTRACT["files"]["metrics"]
 NAMES = {"gpus": ENV["gpus"], "nproc_per_node": ENV["nproc_per_node"]}
 GPUS = ENV["gpus"]
 T0 = 1_800_000_000
@@ -151,15 +152,15 @@ def test_the_jobs_module_reads_progress_as_the_jobs_user_only(tmp_path):
     nobody = pwd.getpwnam("nobody")
     for name in ("ok", "secret", "linked"):
         write(config / f"{name}.env", "x=1\n")
-    write(runs / "ok" / "metrics.jsonl", '{"split": "train", "step": 5, "epoch": 0, "loss": 0.25}\n{"split": "tr')
-    write(runs / "secret" / "metrics.jsonl", '{"split": "train", "step": 9, "epoch": 1}\n').chmod(0o600)
+    write(runs / "ok" / METRICS, '{"split": "train", "step": 5, "epoch": 0, "loss": 0.25}\n{"split": "tr')
+    write(runs / "secret" / METRICS, '{"split": "train", "step": 9, "epoch": 1}\n').chmod(0o600)
     (runs / "linked").symlink_to(runs / "ok")
-    for d in (runs / "ok", runs / "ok" / "metrics.jsonl", runs / "secret"):
+    for d in (runs / "ok", runs / "ok" / METRICS, runs / "secret"):
         os.chown(d, nobody.pw_uid, nobody.pw_gid)
     os.chown(runs / "linked", nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
     proc = run(["ansible", "localhost", "-c", "local", "-M", "roles/torchrun/library", "-m", "torchrun_jobs",
                 "-a", json.dumps({"config_dir": str(config), "gpus_name": GPUS, "run_root": str(runs),
-                                  "metrics": "metrics.jsonl", "queue_dir": str(tmp_path / "queue")}),
+                                  "metrics": METRICS, "queue_dir": str(tmp_path / "queue")}),
                 "-o"], env={"ANSIBLE_MODULE_UTILS": "roles/torchrun/module_utils"}, check=True)
     shutil.rmtree(top)
     got = {j["job"]: j["progress"] for j in json.loads(proc.stdout.split("=>", 1)[1])["jobs"]}
