@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from rolepy import ROOT, load
 
 st = load("roles/package_source/files/apt_state.py", "torchrig_apt_state")
@@ -833,3 +834,48 @@ def test_a_bad_declared_source_is_refused_naming_the_setting(node_state, tmp_pat
     done = fetch(tmp_path, {"node1": node_state}, "nvidia-smi", sources=[entry])
     assert done.returncode != 0 and "package_source_apt_sources" in done.stderr
     assert not (tmp_path / "cache/clusters").exists()
+
+
+# --- the declared upstream sources and their publishers' keys ---
+
+DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+
+
+def primary_fingerprints(keyring: Path, tmp_path: Path) -> set[str]:
+    """The primary keys' fingerprints of a keyring file (not its subkeys')."""
+    with gpg_home(tmp_path) as home:
+        out = subprocess.run(["gpg", "--homedir", str(home), "--batch", "--with-colons", "--show-keys", str(keyring)],
+                             check=True, capture_output=True, text=True).stdout
+    # The first fpr record after a pub record is the primary key's (rvk records may come between).
+    found, in_pub = set(), False
+    for line in out.splitlines():
+        kind = line.split(":")[0]
+        if kind == "pub":
+            in_pub = True
+        elif kind == "fpr" and in_pub:
+            found.add(line.split(":")[9])
+            in_pub = False
+    return found
+
+
+def declared_sources() -> list[dict]:
+    return yaml.safe_load((ROOT / "roles/package_source/defaults/main.yml").read_text())["package_source_apt_sources"]
+
+
+def test_debian_sources_trust_exactly_the_keys_debian_ships(tmp_path):
+    """Every Debian URI is declared with the keys of Debian's own keyring package, no more, no fewer:
+    a node's added key is then never used for Debian's archive, and Debian's own keys all are."""
+    if not DEBIAN_KEYRING.exists():
+        pytest.skip(f"{DEBIAN_KEYRING} (Debian's debian-archive-keyring package) is not on this controller")
+    shipped = primary_fingerprints(DEBIAN_KEYRING, tmp_path)
+    debian = [s for s in declared_sources() if "debian" in s["uri"]]
+    assert len(debian) == 3
+    for source in debian:
+        assert set(source["fingerprints"]) == shipped, source["uri"]
+
+
+def test_every_declared_source_names_its_keys_and_the_spec_agrees():
+    sources = declared_sources()
+    assert all(s.get("fingerprints") for s in sources), [s["uri"] for s in sources if not s.get("fingerprints")]
+    specs = yaml.safe_load((ROOT / "roles/package_source/meta/argument_specs.yml").read_text())
+    assert specs["argument_specs"]["apt"]["options"]["package_source_apt_sources"]["default"] == sources
