@@ -8,6 +8,7 @@ through a timeout that must report a running job as running, not as failed.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -125,7 +126,7 @@ def test_wait_goes_through_a_thousand_polls_and_ends_normally(node: Path, tmp_pa
     said_at = [float(s) for s in re.findall(r"polls on node1: \d+ polls in ([0-9.]+) s", stdout)]
     assert len(said_at) >= 2 and len(progress) >= len(said_at) - 1, (waited, stdout[-3000:])
     running = said_at[:-1]
-    assert all(later - earlier >= 2.9 for earlier, later in zip(running, running[1:])), said_at
+    assert all(later - earlier >= 2.9 for earlier, later in itertools.pairwise(running)), said_at
     assert "RecursionError" not in stdout
     assert "job polls finished on node1" in stdout
     # The results are the controller user's alone, whatever its umask (issue 31, item 11).
