@@ -75,44 +75,6 @@ def test_a_line_break_cannot_enter_the_environment_file():
 
 # --- what comes back ----------------------------------------------------------------------
 
-RUN = "/var/lib/torchrig/runs/j"
-MB = 1024 * 1024
-
-
-def found(*files: tuple[str, int]) -> list[dict]:
-    """ansible.builtin.find's `files` for these (path under the run dir, size)."""
-    return [{"path": f"{RUN}/{rel}", "size": size, "mtime": 1.0} for rel, size in files]
-
-
-def test_the_package_job_fetches_its_model_not_its_checkpoints():
-    plan = job.fetch_plan(found((FILES["summary"], 300), ("model.safetensors", 900_000),
-                                ("model.json", 500), ("checkpoints/ckpt_00000100.pt", 2 * MB),
-                                ("checkpoints/.ckpt_00000200.pt.n1.7.tmp", 100),
-                                ("tensorboard/events.out", 4000)), RUN, 1024)
-    assert [f["rel"] for f in plan["files"]] == [
-        "model.json", "model.safetensors", FILES["summary"], "tensorboard/events.out"]
-    assert plan["bytes"] == 300 + 900_000 + 500 + 4000 and not plan["over"]
-
-
-def test_a_script_job_fetches_every_file_pt_included():
-    plan = job.fetch_plan(found(("snapshot.pt", 5000), ("output/result.pt", 800),
-                                ("output/.hidden/cfg.yaml", 10), ("checkpoints/epoch1.pt", 700),
-                                ("output/part.tmp", 5)), RUN, 1024, skip_dirs=())
-    assert [f["rel"] for f in plan["files"]] == [
-        "checkpoints/epoch1.pt", "output/.hidden/cfg.yaml", "output/result.pt", "snapshot.pt"]
-
-
-def test_outputs_over_the_limit_are_not_fetched_and_the_largest_are_named():
-    plan = job.fetch_plan(found(("output/huge.bin", 3000 * MB), ("output/small.txt", 1),
-                                (FILES["metrics"], 2 * MB)), RUN, 1024)
-    assert plan["over"] and plan["mb"] == 3002.0
-    assert plan["largest"][:2] == ["output/huge.bin (3000.0 MB)", f"{FILES['metrics']} (2.0 MB)"]
-    # The limit is inclusive, in MB.
-    assert not job.fetch_plan(found(("a", 1024 * MB)), RUN, 1024)["over"]
-    assert job.fetch_plan(found(("a", 1024 * MB + 1)), RUN, 1024)["over"]
-    assert job.fetch_plan(found(("a", 1)), RUN, 0)["over"]
-
-
 def test_rank_0_is_the_node_with_the_newest_note():
     """Rank 0 moved from node1 to node2 at a restart: node2's note is newer."""
     assert job.newest_rank0(["node1", "node2", "node3"], [100.5, 130.0, ""]) == "node2"

@@ -130,7 +130,7 @@ def test_the_job_name_rule_is_the_torchrig_roles():
                              'opens to peers (got "70000")'),
     ({"max_restarts": "-1"}, '(got "-1", "default")'),
     ({"nproc_per_node": "two"}, '(got "default", "two")'),
-    ({"detach": "maybe"}, "detach true or false"),
+    ({"detach": "maybe"}, "detach and fetch_checkpoints true or false"),
 ])
 def test_a_bad_training_option_names_every_option_and_what_is_allowed(values, shown):
     message = refused(values)
@@ -350,7 +350,7 @@ def test_an_unknown_e_name_is_refused_naming_it_and_the_known_ones(typed, hint):
     message = refused_with({}, typed=typed)
     bad = [n for n in typed if n != "nodes"][0]
     assert message.startswith(f"-e {bad} is not a setting of train.yml{hint}. train.yml's settings: nodes, job,")
-    assert "results_dir, group;" in message
+    assert "results_dir, fetch_checkpoints, group;" in message
 
 
 def test_role_settings_and_ansibles_own_names_may_be_typed():
@@ -401,3 +401,33 @@ def test_gpus_and_queue_are_handed_on_and_bad_ones_named():
     assert refused({"gpus": "0"}).startswith("gpus must be the GPUs per node the job holds, a whole number from 1, "
                                              'or all (the default: every GPU of each node); got "0".')
     assert 'queue must be true' in refused({"queue": "later"})
+
+
+@pytest.mark.parametrize(("script", "job"), [
+    ("train.py", "train"),
+    ("path/to/finetune_llm.py", "finetune_llm"),
+    ("ddp/", "ddp"),
+    ("my exp/", "my-exp"),
+    ("run.sh", "run.sh"),
+    ("_.py", "mnist5k-cnn"),
+])
+def test_a_script_job_without_job_is_named_after_its_script(tmp_path, script, job):
+    """Not mnist5k-cnn, like the demo: two scripts must not share a job, nor a script the demo's."""
+    path = tmp_path / script
+    if script.endswith("/"):
+        path.mkdir(parents=True)
+        (path / "train.py").write_text("")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("")
+    assert req.script_job_name(str(path) + ("/" if script.endswith("/") else ""), "mnist5k-cnn") == job
+    if job != "mnist5k-cnn" and " " not in script:
+        assert settings({"script": str(path)})["torchrun_job"] == job
+    assert settings({"script": str(path), "job": "given"})["torchrun_job"] == "given"
+
+
+def test_fetch_checkpoints_is_true_or_false():
+    assert settings({"fetch_checkpoints": "true"})["torchrun_fetch_checkpoints"] is True
+    assert settings({"fetch_checkpoints": "no"})["torchrun_fetch_checkpoints"] is False
+    message = refused({"fetch_checkpoints": "maybe"})
+    assert 'detach and fetch_checkpoints true or false (got "default", "maybe")' in message

@@ -5,7 +5,8 @@ Ansible's include depth ran out after about 250 polls (RecursionError), so a
 job longer than about 20 minutes crashed the wait. This action loops in
 Python instead: it runs the torchrun_job_state module on the node, which
 polls systemd locally for up to progress_every seconds, prints one progress
-line, and goes on until the job has ended or timeout seconds have passed.
+line, and goes on until the job has ended or timeout seconds have passed (0: no
+limit).
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ class ActionModule(ActionBase):
         job, unit, metrics_path = args["job"], args["unit"], args["metrics"]
         poll = float(args.get("poll_interval", 5))
         every = max(poll, float(args.get("progress_every", 30)))
-        timeout = float(args.get("timeout", 7200))
+        # 0 (or less): no limit. A job of days is normal, and Ctrl-C leaves it running.
+        timeout = float(args.get("timeout", 0)) or float("inf")
+        if timeout < 0:
+            timeout = float("inf")
         host = task_vars.get("inventory_hostname", "?")
         start = time.monotonic()
         polls, lines = 0, 0

@@ -77,31 +77,73 @@ def env_value(value) -> str:
 # ----------------------------------------------------------------- the results
 
 
-def fetch_plan(files: list[dict], run_dir: str, limit_mb: float,
-               skip_dirs: tuple[str, ...] = ("checkpoints",)) -> dict:
-    """What to fetch of a run directory, from ansible.builtin.find's `files`.
+# A name a node gives may hold neither a control character (it would end a line of
+# rsync's list of files) nor a backslash.
+_BAD_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
 
-    Everything except the trainer's checkpoints (the exported model comes instead) and
-    temp files. `over` is true when the files add up to more than `limit_mb`: a
-    runaway output that would fill the controller, or take hours through SSH.
+
+def name_problem(rel) -> str:
+    """'' when `rel`, a path a node listed under its run directory, stays under the
+    job's results directory on the controller; else why it does not.
+
+    The node is not trusted: an absolute name, an empty, '.' or '..' part would put a file
+    elsewhere on the controller, or over another node's files."""
+    if not isinstance(rel, str) or not rel:
+        return "it is empty or not a string"
+    if rel.startswith("/"):
+        return "it is absolute"
+    if _BAD_CHARS.search(rel):
+        return "it holds a control character or a backslash"
+    if any(part in ("", ".", "..") for part in rel.split("/")):
+        return "it has an empty, '.' or '..' part"
+    return ""
+
+
+def _size(n: float) -> str:
+    return f"{n / MIB:,.1f} MiB" if n < 1024 * MIB else f"{n / MIB / 1024:,.2f} GiB"
+
+
+def fetch_plan(listings: dict, limit_mb: float, limit_files: int, job: str = "") -> dict:
+    """What to fetch from every node, from each node's torchrun_outputs listing.
+
+    `listings` maps each node to its listing (files as [rel, size, mode]). Every name is
+    checked (name_problem); `refused` names the first bad ones, and nothing is fetched
+    while there is one. The limits are on the total across all nodes: `over` is the
+    message when the files weigh more than limit_mb MB or number more than limit_files,
+    '' when they fit. Returned per node: `names` (the rsync list) and its figures.
     """
-    root = run_dir.rstrip("/") + "/"
-    chosen = []
-    for f in files:
-        rel = f["path"][len(root):] if f["path"].startswith(root) else f["path"]
-        name = rel.rsplit("/", 1)[-1]
-        if rel.split("/", 1)[0] in skip_dirs or name.endswith(".tmp"):
-            continue
-        chosen.append({"path": f["path"], "rel": rel, "size": int(f.get("size", 0))})
-    total = sum(f["size"] for f in chosen)
-    largest = sorted(chosen, key=lambda f: -f["size"])[:5]
-    return {
-        "files": sorted(chosen, key=lambda f: f["rel"]),
-        "bytes": total,
-        "mb": round(total / MIB, 1),
-        "over": total > float(limit_mb) * MIB,
-        "largest": [f"{f['rel']} ({f['size'] / MIB:.1f} MB)" for f in largest],
-    }
+    nodes, refused, everything = {}, [], []
+    for node in sorted(listings):
+        listing = listings[node] or {}
+        files = listing.get("files") or []
+        names = []
+        for item in files:
+            rel, size = (item[0], item[1]) if isinstance(item, (list, tuple)) and len(item) >= 2 else (item, 0)
+            problem = name_problem(rel)
+            if problem:
+                if len(refused) < 10:
+                    refused.append(f"{node}: {json.dumps(rel)} ({problem})")
+                continue
+            names.append(rel)
+            everything.append((node, rel, int(size)))
+        nodes[node] = {"names": names, "count": len(names),
+                       "bytes": sum(int(f[1]) for f in files if isinstance(f, (list, tuple)) and len(f) >= 2),
+                       "links": int(listing.get("links_count") or 0), "link_names": listing.get("links") or []}
+    total = sum(f[2] for f in everything)
+    largest = [f"{node}:{rel} ({_size(size)})" for node, rel, size in sorted(everything, key=lambda f: -f[2])[:5]]
+    problems = []
+    if total > float(limit_mb) * MIB:
+        problems.append(f"{_size(total)}, more than torchrun_fetch_limit_mb ({float(limit_mb):,.0f} MB)")
+    if len(everything) > int(limit_files):
+        problems.append(f"{len(everything):,} files, more than torchrun_fetch_limit_files ({int(limit_files):,})")
+    over = ""
+    if problems:
+        over = (f"Job {job} left " + " and ".join(problems) + f" across its {len(nodes)} nodes, so nothing was "
+                f"fetched; it is all still on the nodes. Largest: {', '.join(largest)}. Fetch it with a higher "
+                "limit (playbooks/fetch.yml -e job=" + job + " -e torchrun_fetch_limit_mb=N "
+                "-e torchrun_fetch_limit_files=N), or copy what you need from the nodes.")
+    return {"nodes": nodes, "bytes": total, "files": len(everything), "refused": refused,
+            "over": over, "largest": largest}
 
 
 def newest_rank0(nodes: list[str], times: list) -> str:
@@ -175,6 +217,7 @@ class FilterModule:
             "torchrun_args_problem": args_problem,
             "torchrun_env_value": env_value,
             "torchrun_fetch_plan": fetch_plan,
+            "torchrun_fetch_name_problem": name_problem,
             "torchrun_newest_rank0": newest_rank0,
             "torchrun_failure_lines": failure_lines,
         }

@@ -77,7 +77,7 @@ NAMES: dict[str, str | None] = {
     "gpus": "torchrun_gpus", "queue": "torchrun_queue",
     "min_nodes": "torchrun_min_nodes", "script": "torchrun_script", "entry": "torchrun_script_entry",
     "extra_args": "torchrun_extra_args", "env": "torchrun_env", "data": "torchrun_data",
-    "results_dir": "torchrun_fetch_dir", "group": None,
+    "results_dir": "torchrun_fetch_dir", "fetch_checkpoints": "torchrun_fetch_checkpoints", "group": None,
 }
 # What Ansible keeps of an -e key=value that it split at a space.
 SPLIT = "_raw_params"
@@ -231,6 +231,19 @@ def select_nodes(nodes: Any, hosts: Sequence[str], group: str) -> list[str]:
     return selected
 
 
+def script_job_name(script: Any, default: str) -> str:
+    """The job name of a script job without job=: its script's name without .py
+    (a directory's own name), in the characters a job name may have; `default` (the
+    package job's dataset-model) for no script, or a script name with nothing usable."""
+    name = os.path.basename(str(script or "").rstrip("/"))
+    name = re.sub(r"\.py$", "", name)
+    # Each character the job name pattern takes after a first letter stays; others become '-'.
+    name = re.sub("-+", "-", "".join(c if job_name_ok("a" + c) else "-" for c in name))
+    while name and not job_name_ok(name):
+        name = name[1:] if not job_name_ok(name[:1]) else name[:-1]
+    return name or default
+
+
 def _check_job_name(job: str) -> None:
     if not job_name_ok(job):
         raise RequestError(
@@ -259,7 +272,8 @@ def _check_options(values: Mapping[str, Any], options: Mapping[str, Any], ports:
     bad = (problems
            or not (_whole(port) and ports[0] <= int(str(port)) <= ports[1])
            or not all(_whole(values.get(name, 0)) for name in ("max_restarts", "nproc_per_node"))
-           or str(values.get("detach", False)).lower() not in ("true", "false", "yes", "no"))
+           or any(str(values.get(name, False)).lower() not in ("true", "false", "yes", "no")
+                  for name in ("detach", "fetch_checkpoints")))
     if bad:
         given = {name: _json(values.get(name, "default")) for name in (
             "epochs", "batch_size", "lr", "seed", "checkpoint_every", "rdzv_port", "max_restarts",
@@ -275,7 +289,9 @@ def _check_options(values: Mapping[str, Any], options: Mapping[str, Any], ports:
             f"rdzv_port a port of torchrig_rdzv_ports, {ports[0]}-{ports[1]}, which the firewall opens to "
             f"peers (got {given['rdzv_port']}); "
             f"max_restarts and nproc_per_node whole numbers >= 0 (got {given['max_restarts']}, "
-            f"{given['nproc_per_node']}); detach true or false; train_options the package's options "
+            f"{given['nproc_per_node']}); detach and fetch_checkpoints true or false (got "
+            f"{_json(values.get('detach', 'default'))}, "
+            f"{_json(values.get('fetch_checkpoints', 'default'))}); train_options the package's options "
             f"(got {_json(values.get('train_options', {}))}).{found} " + NOT_STARTED)
 
 
@@ -407,7 +423,7 @@ def request(values: Mapping[str, Any], hosts: Sequence[str], group: str = "clust
     fields = training_config().FIELDS
     dataset = values.get("dataset", fields["dataset"].default)
     model = values.get("model", fields["model"].default)
-    job = str(values.get("job", f"{dataset}-{model}"))
+    job = str(values["job"]) if "job" in values else script_job_name(values.get("script"), f"{dataset}-{model}")
     _check_job_name(job)
     options = _package_options(values, dataset, model)
     ports = port_range(rdzv_ports if rdzv_ports not in (None, "") else rdzv_ports_default())
@@ -439,6 +455,7 @@ def request(values: Mapping[str, Any], hosts: Sequence[str], group: str = "clust
         "results_dir": lambda v: f"{v}/{job}", "data": lambda v: data,
         "gpus": lambda v: str(v).lower() if str(v).lower() == "all" else int(str(v)),
         "queue": lambda v: str(v).lower() in ("true", "yes"),
+        "fetch_checkpoints": lambda v: str(v).lower() in ("true", "yes"),
     }
     decided.update((NAMES[name], value(values[name])) for name, value in given.items()  # type: ignore[misc]
                    if name in values and values[name] not in (None, ""))

@@ -73,6 +73,9 @@ FILES = {
 }
 # The run directory's subdirectory a job's own outputs go to (TORCHRIG_OUTPUT_DIR).
 OUTPUT_DIR = "output"
+# The trainer's checkpoints, in the run directory; a directory of this name anywhere in a
+# run directory (a script's own) stays on the nodes at a fetch unless asked for.
+CHECKPOINT_DIR = "checkpoints"
 
 # The ends that a restart would repeat, which the unit does not restart
 # (RestartPreventExitStatus) and after which it disables itself.
@@ -96,6 +99,7 @@ def contract() -> dict:
         "env": dict(ENV),
         "files": dict(FILES),
         "output_dir": OUTPUT_DIR,
+        "checkpoint_dir": CHECKPOINT_DIR,
         "exit_nodes_missing": EXIT_NODES_MISSING,
         "fatal_signal": FATAL_SIGNAL,
         # As systemd's $EXIT_STATUS shows it.

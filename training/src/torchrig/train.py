@@ -33,7 +33,7 @@ from torch.utils.data import DistributedSampler
 from . import checkpoint, dist, export
 from . import records as records_file
 from .config import Config, parse_config
-from .contract import FILES
+from .contract import CHECKPOINT_DIR, FILES
 from .data import Data, UsageError, load_dataset
 from .dist import DistEnv
 from .imagefolder import ImageFolderData
@@ -315,7 +315,7 @@ class Trainer:
         self.t_start = time.perf_counter()
         self.cfg, self.env = cfg, env
         self.run_dir = Path(cfg.run_dir)
-        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.ckpt_dir = self.run_dir / CHECKPOINT_DIR
         self.stop = StopRequest(env)  # first thing: a SIGTERM during set-up must not kill us
         seed_everything(cfg.seed)
         self.data = self._load_data()

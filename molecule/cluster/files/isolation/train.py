@@ -8,6 +8,7 @@ job, on every node, and writes what each try gave.
     train.py intruder JOB HOST:PORT      tries job JOB (its env file, code, run directory,
                                          processes) and its rendezvous store at
                                          HOST:PORT; writes TORCHRIG_OUTPUT_DIR/attacks.json
+                                         and leaves links there to root-only files
 """
 
 from __future__ import annotations
@@ -94,6 +95,11 @@ def intruder(job: str, endpoint: str) -> None:
     out = Path(os.environ["TORCHRIG_OUTPUT_DIR"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "attacks.json").write_text(json.dumps(result, indent=1) + "\n")
+    # Left for train.yml's fetch: links to root-only files and to the target's run
+    # directory. None of them may bring anything home (isolation.yml checks).
+    for name, where in (("shadow", "/etc/shadow"), ("hostkey", "/etc/ssh/ssh_host_ed25519_key"),
+                        ("root", "/root"), ("target", str(RUN_ROOT / job))):
+        (out / f"link-{name}").symlink_to(where)
     print("intruder:", json.dumps(result), flush=True)
 
 
