@@ -94,20 +94,20 @@ demo: ## Set up, start 2 nodes, provision them, train across both, print the res
 	ansible-playbook provision.yml
 	ansible-playbook train.yml -e nodes=2
 
-# The cluster scenario at normal priority, and beside it, at nice 10, lint, the
-# Python tests and the role scenarios (two at a time): they take the CPU the
-# cluster's jobs leave idle while it waits on them, and the cluster keeps the
-# first call on the CPU, since its fault checks are timed. Outputs are printed
-# whole as each part ends. Their nodes get TEST_CPU_SHARES of the CPU where the
-# cluster's get 1024 (containers have cgroups of their own, where nice does not
-# reach). TEST_NICE=0 TEST_CPU_SHARES=1024 runs everything at one priority.
+# The cluster scenario at normal priority, and beside it, at a low one, lint,
+# the Python tests and the role scenarios (two at a time): they take the CPU
+# the cluster leaves idle while it waits on its jobs, and the cluster keeps the
+# first call on the CPU, since its fault checks are timed. Low is a CPU share
+# of TEST_CPU_SHARES to the usual 1024, for them (.ci/low-priority) and for
+# their nodes' containers, and nice TEST_NICE. Outputs are printed whole as
+# each part ends. TEST_NICE=0 TEST_CPU_SHARES=1024 gives everything one priority.
 TEST_NICE ?= 10
 TEST_CPU_SHARES ?= 128
 test: setup image ## All tests: lint, Python tests, every molecule scenario
 	$(MAKE) --no-print-directory -j2 --output-sync=target molecule-cluster beside-cluster
 
 beside-cluster:
-	TORCHRIG_TEST_CPU_SHARES=$(TEST_CPU_SHARES) nice -n $(TEST_NICE) $(MAKE) --no-print-directory -j3 --output-sync=target lint pytest molecule-roles
+	TORCHRIG_TEST_CPU_SHARES=$(TEST_CPU_SHARES) .ci/low-priority $(TEST_CPU_SHARES) $(TEST_NICE) $(MAKE) --no-print-directory -j3 --output-sync=target lint pytest molecule-roles
 
 check: ## Quick loop while developing: lint, Python tests, the common scenario (2 nodes)
 	$(MAKE) test SCENARIOS=common
