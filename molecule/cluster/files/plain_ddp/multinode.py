@@ -43,6 +43,10 @@ def main(args: list[str]) -> None:
                    os.path.join(os.environ["TORCHRIG_OUTPUT_DIR"], "result.pt"))
     print(f"plain_ddp rank {rank} of {world} on {socket.gethostname()}: loss {loss.item():.4f}, "
           f"arguments {args}")
+    # Both ranks leave together: a rank that tears gloo down while its peer still
+    # talks to it may abort in C++ ("terminate called without an active exception")
+    # after its work is done (seen in CI with torch 2.14.1).
+    dist.barrier()
     dist.destroy_process_group()
 
 
