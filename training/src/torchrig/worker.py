@@ -29,6 +29,7 @@ the run directory, naming the node whose outputs go to runs/<job>/ (names: torch
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import runpy
@@ -297,4 +298,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if status == 0 and os.environ.get("TORCHELASTIC_RUN_ID"):
+        # The entry's work is done: run the exit handlers it registered, then end without
+        # the interpreter's teardown. torch's gloo threads have aborted a finished worker
+        # there ("terminate called without an active exception", exit -6; the cluster
+        # scenario, torch 2.14.1), and torchrun then took the job for failed.
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    sys.exit(status)
