@@ -101,8 +101,10 @@ demo: ## Set up, start 2 nodes, provision them, train across both, print the res
 # of TEST_CPU_SHARES to the usual 1024, for them (.ci/low-priority) and for
 # their nodes' containers, and nice TEST_NICE. Outputs are printed whole as
 # each part ends. TEST_NICE=0 TEST_CPU_SHARES=1024 gives everything one priority.
+# 128 starved them: in CI (2079ef4) a 15 s training launch of pytest's took
+# over 180 s and the low lane ended 10 min after the cluster.
 TEST_NICE ?= 10
-TEST_CPU_SHARES ?= 128
+TEST_CPU_SHARES ?= 512
 test: setup image ## All tests: lint, Python tests, every molecule scenario
 	$(MAKE) --no-print-directory -j2 --output-sync=target molecule-cluster beside-cluster
 

@@ -19,7 +19,9 @@ import pytest
 
 from torchrig.contract import FILES
 
-LAUNCH_TIMEOUT = 180  # seconds for one training launch; a normal one takes 5-15 s here
+# A hang guard, not a speed bound: a launch takes 5-15 s here alone, and 10x
+# that beside the cluster scenario.
+LAUNCH_TIMEOUT = 600
 
 # The configuration every distributed test trains with: 2 ranks x 32 = global batch 64,
 # a checkpoint every 50 of the 372 steps, one thread per rank (2 ranks share 2 cores, and

@@ -7,7 +7,7 @@
 #   service    systemctl kill -s KILL: every process of the unit at once
 #   container  podman stop (systemd shuts the node down), then podman start
 #   power      podman kill (no shutdown: a power loss), podman start 15 s later
-# Exits 1 when no checkpoint appears within 300 s or the job is not running
+# Exits 1 when no checkpoint appears within 600 s or the job is not running
 # at that moment: then the fault could not be injected mid-job.
 #   lost       node1 drops node2's packets, then podman kill: node2 is gone
 #              without a word and stays down
@@ -52,8 +52,8 @@ newest() {
     podman exec "$node" sh -c "ls $run/checkpoints 2>/dev/null" | sed -n 's/^ckpt_0*\([0-9][0-9]*\)\.pt$/\1/p' | sort -n | tail -n 1
 }
 until step=$(newest) && [ -n "$step" ]; do
-    if (( SECONDS - start > 300 )); then
-        echo "no checkpoint of $job on $node after 300 s" >&2
+    if (( SECONDS - start > 600 )); then
+        echo "no checkpoint of $job on $node after 600 s" >&2
         exit 1
     fi
     sleep 0.3
