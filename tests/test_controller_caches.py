@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 from rolepy import ROOT, load
 
 FILES = ROOT / "roles/pytorch/files"
@@ -190,3 +191,20 @@ def test_two_checkouts_setting_up_at_once_build_the_shared_venv_once(tmp_path: P
     assert [os.readlink(checkout / ".venv") for checkout in checkouts] == [str(venv), str(venv)]
     # Each checkout installed its own training package into it.
     assert len([line for line in lines if line.endswith("--no-deps -e training")]) == 2
+
+
+def test_the_controllers_keys_are_kept_out_of_its_caches() -> None:
+    """A cache cleaner (or `rm -rf ~/.cache/torchrig`, as a cold CI run does) may empty
+    ~/.cache at any time: a signing or SSH key kept there would be rotated unasked. Every
+    role's key directory defaults under ~/.local/share/torchrig, and nothing under
+    ~/.cache/torchrig is named for a key."""
+    key_dirs, cached = {}, {}
+    for defaults in sorted(ROOT.glob("roles/*/defaults/main.yml")):
+        for name, value in (yaml.safe_load(defaults.read_text()) or {}).items():
+            if name.endswith("_key_dir"):
+                key_dirs[name] = value
+            if isinstance(value, str) and "/.cache/torchrig" in value:
+                cached[name] = value
+    assert set(key_dirs) >= {"package_source_key_dir", "ssh_trust_key_dir"}, key_dirs
+    assert {n: v for n, v in key_dirs.items() if "/.local/share/torchrig/" not in v} == {}
+    assert [n for n in cached if "key" in n or "ssh" in n] == [], cached
