@@ -6,8 +6,10 @@ molecule/nvidia_driver."""
 import base64
 
 from rolepy import load
+from torchrig.contract import ENV
 
 dr = load("roles/torchrun/filter_plugins/torchrun_drain.py", "torchrun_drain")
+NODES = ENV["nodes"]
 SINCE = 1_800_000_000  # 2027-01-15 08:00:00 UTC
 
 
@@ -35,16 +37,16 @@ def test_the_refusal_names_each_job_and_when_it_started_and_the_three_ways_on():
 
 
 def test_each_job_is_stopped_on_this_node_first_then_on_its_other_nodes_the_inventory_knows():
-    reads = [read("llm", "TORCHRIG_JOB=llm\nTORCHRIG_NODES=gpu2=10.0.0.2 gpu1=10.0.0.1 ghost=10.0.0.9\n"),
-             read("solo", "TORCHRIG_NODES=gpu1=10.0.0.1\n")]
-    pairs = dr.stop_pairs(reads, "gpu1", ["gpu1", "gpu2", "gpu3"], "TORCHRIG_NODES")
+    reads = [read("llm", f"{ENV['job']}=llm\n{NODES}=gpu2=10.0.0.2 gpu1=10.0.0.1 ghost=10.0.0.9\n"),
+             read("solo", f"{NODES}=gpu1=10.0.0.1\n")]
+    pairs = dr.stop_pairs(reads, "gpu1", ["gpu1", "gpu2", "gpu3"], NODES)
     assert pairs == [["gpu1", "llm"], ["gpu2", "llm"], ["gpu1", "solo"]]
 
 
 def test_a_settings_file_that_is_not_one_stops_the_job_here_only():
-    reads = [read("llm", "TORCHRIG_NODES_X=gpu2=1\n"), {"item": {"job": "x"}, "content": "%%%not base64"},
-             read("$(reboot)", "TORCHRIG_NODES=gpu2=1\n"), "junk"]
-    assert dr.stop_pairs(reads, "gpu1", ["gpu1", "gpu2"], "TORCHRIG_NODES") == [["gpu1", "llm"], ["gpu1", "x"]]
+    reads = [read("llm", f"{NODES}_X=gpu2=1\n"), {"item": {"job": "x"}, "content": "%%%not base64"},
+             read("$(reboot)", f"{NODES}=gpu2=1\n"), "junk"]
+    assert dr.stop_pairs(reads, "gpu1", ["gpu1", "gpu2"], NODES) == [["gpu1", "llm"], ["gpu1", "x"]]
 
 
 def test_the_drain_says_which_job_it_stopped_where_and_that_the_queue_is_paused():
