@@ -166,3 +166,11 @@ def test_the_jobs_module_reads_progress_as_the_jobs_user_only(tmp_path):
     got = {j["job"]: j["progress"] for j in json.loads(proc.stdout.split("=>", 1)[1])["jobs"]}
     assert got["ok"].pop("at") > 0
     assert got == {"ok": {"step": 5, "epoch": 0, "loss": 0.25}, "secret": {}, "linked": {}}
+
+
+def test_the_drain_waits_on_the_same_running_states_as_the_gpu_choice():
+    """tasks/drain.yml waits until a stopped job's unit is no longer running, in systemd's
+    states that the GPU choice counts as holding GPUs."""
+    running = filt.FilterModule().filters()["torchrun_unit_running"]
+    assert [s for s in ("active", "activating", "deactivating", "reloading", "inactive", "failed", "")
+            if running(s)] == ["active", "activating", "deactivating", "reloading"]

@@ -30,4 +30,6 @@ class FilterModule:
             "torchrun_gpu_choice": lambda jobs, total, want, job, host: GPUS.choice(total, jobs, want, job, host),
             # gpus | torchrun_gpus_env(nproc, names) -> the job's .gpus file
             "torchrun_gpus_env": GPUS.gpus_env,
+            # ActiveState | torchrun_unit_running -> whether systemd counts the unit's processes as running
+            "torchrun_unit_running": lambda state: state in GPUS.RUNNING_STATES,
         }
