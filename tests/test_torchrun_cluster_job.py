@@ -72,6 +72,7 @@ def check(tmp: Path, states: dict[str, str], down: tuple[str, ...] = ()) -> str:
     proc = run(["ansible-playbook", "-i", str(inventory), str(play)], timeout=180,
                env={"ANSIBLE_LIBRARY": str(ROOT / "roles/torchrun/library"),
                     "ANSIBLE_MODULE_UTILS": str(ROOT / "roles/torchrun/module_utils"),
+                    "ANSIBLE_LOOKUP_PLUGINS": str(ROOT / "roles/torchrun/lookup_plugins"),
                     "ANSIBLE_FILTER_PLUGINS": str(ROOT / "roles/torchrig/filter_plugins")})
     return " ".join((proc.stdout + proc.stderr).split())
 

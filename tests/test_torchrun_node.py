@@ -168,3 +168,12 @@ def test_the_role_asks_for_the_firewall_unless_the_inventory_says_it_is_off():
     assert torchrig["torchrig_firewall"] is True
     assert torchrun["torchrun_firewall"] == "{{ torchrig_firewall }}"
     assert 'firewall_required: "{{ torchrun_firewall | bool }}"' in tasks
+
+
+def test_the_job_users_id_comes_with_the_nodes_facts(tmp_path):
+    """train.yml makes a job's user only where torchrun_node finds none (tasks/job_user.yml)."""
+    import pwd
+    me = pwd.getpwuid(os.getuid())
+    assert run_module(tmp_path, 0, user=me.pw_name)["user_uid"] == me.pw_uid
+    assert run_module(tmp_path, 0, user="tj-no-such-user")["user_uid"] is None
+    assert run_module(tmp_path, 0)["user_uid"] is None

@@ -9,6 +9,7 @@ module reads only what the job's settings are made of.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 
 from ansible.module_utils.basic import AnsibleModule
@@ -65,6 +66,10 @@ options:
     description: The job contract's environment names (rdzv_endpoint, rdzv_is_host), to read other jobs' .env files.
     type: dict
     required: true
+  user:
+    description: The job's own user, whose uid is returned when it exists ("" asks for none).
+    type: str
+    default: ""
   firewall_required:
     description: >-
       Fail, naming what to do, when torchrig's firewall (table inet torchrig) is not loaded here:
@@ -86,6 +91,10 @@ unit_template: {description: Whether systemd can load the unit (its template is 
 rdzv_taken_by:
   description: Other jobs running here that host a rendezvous on rdzv_port.
   type: list
+  returned: always
+user_uid:
+  description: The uid of the user named by `user` (null when there is no such user).
+  type: int
   returned: always
 firewall_loaded:
   description: Whether torchrig's firewall (table inet torchrig, from the firewall role) is loaded here.
@@ -163,6 +172,16 @@ def firewall_peers(module: AnsibleModule) -> tuple[list[str], list[str]]:
     return outside_peers(module.params["peers"], ranges), allowed
 
 
+def user_uid(name: str) -> int | None:
+    """The uid of user `name`, None when it does not exist (or no name is given)."""
+    if not name:
+        return None
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return None
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={"address": {"type": "str", "required": True},
@@ -173,6 +192,7 @@ def main() -> None:
                        "gpus_dir": {"type": "path", "default": NVIDIA_GPUS_DIR},
                        "peers": {"type": "list", "elements": "str", "default": []},
                        "env_names": {"type": "dict", "required": True},
+                       "user": {"type": "str", "default": ""},
                        "firewall_required": {"type": "bool", "default": True}},
         supports_check_mode=True,
     )
@@ -208,6 +228,7 @@ def main() -> None:
         unit_state=unit.get("ActiveState") or "inactive",
         running=unit.get("ActiveState") in RUNNING_STATES,
         unit_template=unit.get("LoadState") == "loaded",
+        user_uid=user_uid(module.params["user"]),
     )
 
 
