@@ -3,14 +3,66 @@
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+# The user `nobody` of Debian and most distributions.
+NOBODY = 65534
+
+T = TypeVar("T")
+
+
+def as_unprivileged(fn: Callable[[], T]) -> T:
+    """fn() as a user without root's powers: this process's own, or nobody when the suite
+    runs as root (as CI does), where root's override of file modes would hide what a user
+    meets. fn must return something pickle can carry; an exception comes back as a
+    RuntimeError naming it."""
+    if os.geteuid() != 0:
+        return fn()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop root for good, call fn, send its result, leave
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            data = pickle.dumps((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - whatever it was goes back to the test
+            data = pickle.dumps((False, f"{type(e).__name__}: {e}"))
+        with os.fdopen(write, "wb") as out:
+            out.write(data)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as got:
+        data = got.read()
+    os.waitpid(pid, 0)
+    ok, value = pickle.loads(data)
+    if not ok:
+        raise RuntimeError(f"as user {os.getuid() if os.geteuid() else NOBODY}: {value}")
+    return value
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A temporary directory every user may pass through (pytest's tmp_path is root's alone
+    when the suite runs as root), for checks run by as_unprivileged."""
+    path = Path(tempfile.mkdtemp(prefix="torchrig-test-"))
+    path.chmod(0o755)
+    yield path
+    for sub in sorted(path.rglob("*"), reverse=True):
+        if sub.is_dir() and not sub.is_symlink():
+            sub.chmod(0o700)
+    subprocess.run(["rm", "-rf", str(path)], check=False)
 
 
 def run(cmd: list[str], *, env: dict[str, str] | None = None, timeout: int = 600,
