@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import stat
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.torchrun_net import (
@@ -70,6 +71,17 @@ options:
     description: The job's own user, whose uid is returned when it exists ("" asks for none).
     type: str
     default: ""
+  run_dir:
+    description: The job's run directory, whose owner is returned ("" asks for none).
+    type: str
+    default: ""
+  probe_private_shm:
+    description: >-
+      Ask systemd whether a unit can have a /dev/shm of its own here (TemporaryFileSystem=,
+      which needs a mount namespace: a container without CAP_SYS_ADMIN cannot make one).
+      It runs /bin/true in a transient unit with that setting.
+    type: bool
+    default: false
   firewall_required:
     description: >-
       Fail, naming what to do, when torchrig's firewall (table inet torchrig) is not loaded here:
@@ -95,6 +107,14 @@ rdzv_taken_by:
 user_uid:
   description: The uid of the user named by `user` (null when there is no such user).
   type: int
+  returned: always
+run_dir_uid:
+  description: The owner of run_dir when it is a directory, -1 when it is something else (a link), null when missing.
+  type: int
+  returned: always
+private_shm:
+  description: Whether a unit can have a /dev/shm of its own here (null when not asked).
+  type: bool
   returned: always
 firewall_loaded:
   description: Whether torchrig's firewall (table inet torchrig, from the firewall role) is loaded here.
@@ -182,6 +202,25 @@ def user_uid(name: str) -> int | None:
         return None
 
 
+def dir_owner(path: str) -> int | None:
+    """The uid owning directory path; -1 when path is something else (a link); None when missing."""
+    if not path:
+        return None
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_uid if stat.S_ISDIR(st.st_mode) else -1
+
+
+def private_shm(module: AnsibleModule) -> bool:
+    """Whether systemd can give a unit a /dev/shm of its own here: it is asked, with a unit
+    that has just that setting, as no file says whether it can make a mount namespace."""
+    rc, _, _ = module.run_command(["systemd-run", "--wait", "--quiet", "--collect",
+                                   "--property=TemporaryFileSystem=/dev/shm", "/bin/true"])
+    return rc == 0
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={"address": {"type": "str", "required": True},
@@ -193,6 +232,8 @@ def main() -> None:
                        "peers": {"type": "list", "elements": "str", "default": []},
                        "env_names": {"type": "dict", "required": True},
                        "user": {"type": "str", "default": ""},
+                       "run_dir": {"type": "str", "default": ""},
+                       "probe_private_shm": {"type": "bool", "default": False},
                        "firewall_required": {"type": "bool", "default": True}},
         supports_check_mode=True,
     )
@@ -229,6 +270,8 @@ def main() -> None:
         running=unit.get("ActiveState") in RUNNING_STATES,
         unit_template=unit.get("LoadState") == "loaded",
         user_uid=user_uid(module.params["user"]),
+        run_dir_uid=dir_owner(module.params["run_dir"]),
+        private_shm=private_shm(module) if module.params["probe_private_shm"] else None,
     )
 
 

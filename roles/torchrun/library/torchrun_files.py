@@ -1,0 +1,176 @@
+#!/usr/bin/python
+"""A job's files on a node, written and removed in one module call.
+
+train.yml writes a job's drop-in, firewall element, environment, GPU list and run
+id, and removes what an earlier run left. As copy and file tasks that was nine
+round trips (a copy is two: a stat, then the write), each a fraction of a second
+on every node, and a launch or a failure report waited for all of them.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import shutil
+import stat
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+DOCUMENTATION = r"""
+module: torchrun_files
+short_description: Write, make and remove a job's files on a node, in order
+description:
+  - Each entry is a file with its content, a directory, or a path to remove. A file is
+    written (to a temporary file beside it, then renamed) only when its content differs;
+    its owner, group and mode are set when they differ. A link at a file's path is
+    replaced, never followed. A directory is made (parents as root's, 0755) when missing.
+  - Check mode says what would change and changes nothing.
+options:
+  files:
+    description: The entries, done in their order.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      path: {description: An absolute path., type: path, required: true}
+      state: {description: file, directory or absent., type: str, default: file, choices: [file, directory, absent]}
+      content: {description: The file's text (state file)., type: str, default: ""}
+      owner: {description: Its owner (not for absent)., type: str, default: root}
+      group: {description: Its group (not for absent)., type: str, default: root}
+      mode: {description: Its mode in octal, as "0640" (not for absent)., type: str, default: "0644"}
+"""
+
+RETURN = r"""
+changed_paths: {description: The entries' paths that changed (or would), in order, type: list, returned: always}
+"""
+
+
+def ids(owner: str, group: str) -> tuple[int, int]:
+    """The uid and gid of owner and group; ValueError names the one that does not exist."""
+    try:
+        uid = pwd.getpwnam(owner).pw_uid
+    except KeyError:
+        raise ValueError(f"no user {owner}") from None
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ValueError(f"no group {group}") from None
+    return uid, gid
+
+
+def attrs_differ(st: os.stat_result, uid: int, gid: int, mode: int) -> bool:
+    return (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) != (uid, gid, mode)
+
+
+def put_file(path: str, content: bytes, uid: int, gid: int, mode: int, check: bool) -> bool:
+    """Write path when its content, owner, group or mode differ; whether it did (or would)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISREG(st.st_mode):
+        with open(path, "rb") as f:
+            same = f.read() == content
+        if same and not attrs_differ(st, uid, gid, mode):
+            return False
+        if same:
+            if not check:
+                os.chown(path, uid, gid)
+                os.chmod(path, mode)
+            return True
+    if check:
+        return True
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
+    try:
+        os.fchown(fd, uid, gid)
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+        # rename replaces a link at path; it does not write through it.
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+    return True
+
+
+def make_dir(path: str, uid: int, gid: int, mode: int, check: bool) -> bool:
+    """Make directory path (its parents root's, 0755) or set its attributes; whether it changed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        if not attrs_differ(st, uid, gid, mode):
+            return False
+        if not check:
+            os.chown(path, uid, gid)
+            os.chmod(path, mode)
+        return True
+    if check:
+        return True
+    if st is not None:
+        os.unlink(path)
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    os.mkdir(path, mode)
+    os.chown(path, uid, gid)
+    os.chmod(path, mode)
+    return True
+
+
+def remove(path: str, check: bool) -> bool:
+    """Remove path: a file, a link (not what it points to) or a directory tree."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not check:
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    return True
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={"files": {"type": "list", "elements": "dict", "required": True, "options": {
+            "path": {"type": "path", "required": True},
+            "state": {"type": "str", "default": "file", "choices": ["file", "directory", "absent"]},
+            "content": {"type": "str", "default": ""},
+            "owner": {"type": "str", "default": "root"},
+            "group": {"type": "str", "default": "root"},
+            "mode": {"type": "str", "default": "0644"},
+        }}},
+        supports_check_mode=True,
+    )
+    check = module.check_mode
+    changed_paths = []
+    for entry in module.params["files"]:
+        path = entry["path"]
+        if not os.path.isabs(path):
+            module.fail_json(msg=f"{path}: the path must be absolute", changed_paths=changed_paths)
+        try:
+            if entry["state"] == "absent":
+                changed = remove(path, check)
+            else:
+                uid, gid = ids(entry["owner"], entry["group"])
+                mode = int(entry["mode"], 8)
+                if entry["state"] == "directory":
+                    changed = make_dir(path, uid, gid, mode, check)
+                else:
+                    changed = put_file(path, entry["content"].encode(), uid, gid, mode, check)
+        except (ValueError, OSError) as e:
+            module.fail_json(msg=f"{path}: {e}", changed_paths=changed_paths)
+        if changed:
+            changed_paths.append(path)
+    module.exit_json(changed=bool(changed_paths), changed_paths=changed_paths)
+
+
+if __name__ == "__main__":
+    main()
