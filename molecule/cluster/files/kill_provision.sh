@@ -25,19 +25,27 @@ reached() {
 setsid ansible-playbook -i "$(dirname "$MOLECULE_INVENTORY_FILE")" "$MOLECULE_PROJECT_DIRECTORY/provision.yml" >"$log" 2>&1 &
 pid=$!
 start=$SECONDS
+# A crash of the controller takes all of ansible-playbook: its process group,
+# and its workers, which Ansible detaches each into a session of its own
+# (os.setsid), so that the group's kill alone left one behind.
+kill_run() {
+    local groups=("-$pid") worker
+    for worker in $(pgrep -P "$pid"); do groups+=("-$worker"); done
+    kill -KILL -- "${groups[@]}" 2>/dev/null
+}
 until reached; do
     if ! kill -0 "$pid" 2>/dev/null; then
         echo "provision.yml ended (status $(wait "$pid"; echo $?)) before the $phase phase; log $log"
         exit 1
     fi
     if (( SECONDS - start > 900 )); then
-        kill -KILL -- "-$pid"
+        kill_run
         echo "the $phase phase was not reached in 900 s; log $log"
         exit 1
     fi
     sleep 0.5
 done
-kill -KILL -- "-$pid"
+kill_run
 for node in "${nodes[@]}"; do
     # Whatever provision.yml runs on the node: the module (AnsiballZ) and the
     # commands under it.
