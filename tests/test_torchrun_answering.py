@@ -4,15 +4,33 @@ the lookup through real Ansible with an inventory of such nodes."""
 
 from __future__ import annotations
 
+import json
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import run
-from rolepy import ROOT, load
+from rolepy import ROOT
 
-answering_mod = load("roles/torchrun/lookup_plugins/torchrun_answering.py", "torchrun_answering")
+PLUGIN = ROOT / "roles/torchrun/lookup_plugins/torchrun_answering.py"
+# The plugin's answering(), in a Python of its own: importing Ansible's plugin classes
+# patches sys.intern in the importing process, which breaks torch's compiler for the
+# training tests in the same pytest run.
+ANSWERING = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("torchrun_answering", sys.argv[1])
+plugin = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(plugin)
+targets = {name: tuple(t) if t else None for name, t in json.loads(sys.argv[2]).items()}
+print(json.dumps(plugin.answering(targets, float(sys.argv[3]))))
+"""
+
+
+def answering(targets: dict[str, tuple[str, int] | None], timeout: float) -> list[str]:
+    proc = run([sys.executable, "-c", ANSWERING, str(PLUGIN), json.dumps(targets), str(timeout)], check=True)
+    return json.loads(proc.stdout)
 
 
 @pytest.fixture
@@ -34,16 +52,16 @@ def closed_port() -> int:
 def test_only_the_nodes_that_answer_are_kept_in_their_order(listening: int):
     targets = {"node3": ("127.0.0.1", closed_port()), "node1": ("127.0.0.1", listening),
                "node2": None, "node4": ("127.0.0.1", listening)}
-    assert answering_mod.answering(targets, 2) == ["node1", "node2", "node4"]
+    assert answering(targets, 2) == ["node1", "node2", "node4"]
 
 
 def test_a_node_whose_address_leads_nowhere_is_left_out():
     # TEST-NET-1 (RFC 5737): no host has it; the connection fails or runs out its time.
-    assert answering_mod.answering({"gone": ("192.0.2.1", 22)}, 0.5) == []
+    assert answering({"gone": ("192.0.2.1", 22)}, 0.5) == []
 
 
 def test_no_nodes_is_no_probe():
-    assert answering_mod.answering({}, 2) == []
+    assert answering({}, 2) == []
 
 
 PLAY = """
