@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,10 +60,10 @@ def open_tmp() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="torchrig-test-"))
     path.chmod(0o755)
     yield path
-    for sub in sorted(path.rglob("*"), reverse=True):
+    for sub in path.rglob("*"):
         if sub.is_dir() and not sub.is_symlink():
             sub.chmod(0o700)
-    subprocess.run(["rm", "-rf", str(path)], check=False)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def run(cmd: list[str], *, env: dict[str, str] | None = None, timeout: int = 600,

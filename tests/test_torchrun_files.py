@@ -43,6 +43,10 @@ def test_files_are_written_once_then_left_alone(tmp_path: Path):
     assert (mode(conf.parent), mode(conf), mode(env)) == (0o755, 0o644, 0o640)
     again = files(todo)
     assert not again["changed"] and again["changed_paths"] == [], again
+    # A directory's mode alone changes it, and keeps what is in it.
+    moved = files([entry(conf.parent, state="directory", mode="0700")])
+    assert moved["changed_paths"] == [str(conf.parent)] and mode(conf.parent) == 0o700
+    assert conf.read_text() == "[Service]\n"
 
 
 def test_a_new_content_or_mode_changes_only_that_file(tmp_path: Path):

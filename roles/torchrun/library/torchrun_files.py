@@ -60,26 +60,30 @@ def ids(owner: str, group: str) -> tuple[int, int]:
     return uid, gid
 
 
-def attrs_differ(st: os.stat_result, uid: int, gid: int, mode: int) -> bool:
-    return (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) != (uid, gid, mode)
+def lstat_or_none(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def set_attrs(path: str, st: os.stat_result, uid: int, gid: int, mode: int, check: bool) -> bool:
+    """Give path (st: its lstat) this owner, group and mode where they differ; whether they did."""
+    if (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (uid, gid, mode):
+        return False
+    if not check:
+        os.chown(path, uid, gid)
+        os.chmod(path, mode)
+    return True
 
 
 def put_file(path: str, content: bytes, uid: int, gid: int, mode: int, check: bool) -> bool:
     """Write path when its content, owner, group or mode differ; whether it did (or would)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
+    st = lstat_or_none(path)
     if st is not None and stat.S_ISREG(st.st_mode):
         with open(path, "rb") as f:
-            same = f.read() == content
-        if same and not attrs_differ(st, uid, gid, mode):
-            return False
-        if same:
-            if not check:
-                os.chown(path, uid, gid)
-                os.chmod(path, mode)
-            return True
+            if f.read() == content:
+                return set_attrs(path, st, uid, gid, mode, check)
     if check:
         return True
     if st is not None and stat.S_ISDIR(st.st_mode):
@@ -101,17 +105,9 @@ def put_file(path: str, content: bytes, uid: int, gid: int, mode: int, check: bo
 
 def make_dir(path: str, uid: int, gid: int, mode: int, check: bool) -> bool:
     """Make directory path (its parents root's, 0755) or set its attributes; whether it changed."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
+    st = lstat_or_none(path)
     if st is not None and stat.S_ISDIR(st.st_mode):
-        if not attrs_differ(st, uid, gid, mode):
-            return False
-        if not check:
-            os.chown(path, uid, gid)
-            os.chmod(path, mode)
-        return True
+        return set_attrs(path, st, uid, gid, mode, check)
     if check:
         return True
     if st is not None:
@@ -125,9 +121,8 @@ def make_dir(path: str, uid: int, gid: int, mode: int, check: bool) -> bool:
 
 def remove(path: str, check: bool) -> bool:
     """Remove path: a file, a link (not what it points to) or a directory tree."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
+    st = lstat_or_none(path)
+    if st is None:
         return False
     if not check:
         if stat.S_ISDIR(st.st_mode):
