@@ -169,6 +169,20 @@ def test_signed_by_fingerprint_is_refused_clearly(tmp_path):
         st.read_sources(str(tmp_path))
 
 
+def test_own_state_names_the_trusted_key_the_index_last_read_and_the_lists(tmp_path):
+    """What the node holds of the cluster's repository, read in the same call as its sources."""
+    keyring, read, lists = "/etc/apt/keyrings/torchrig-packages.gpg", "/etc/torchrig/apt/read.InRelease", "/lists"
+    assert st.own_state(keyring, read, lists, str(tmp_path)) == {
+        "keyring_b64": None, "read_index_sha256": None, "index_sha256": []}
+    write(tmp_path, keyring, b"\x99key")
+    write(tmp_path, read, "signed index\n")
+    write(tmp_path, "/lists/10.0.0.11:8081_apt_debian-bookworm-amd64_InRelease", "signed index\n")
+    write(tmp_path, "/lists/10.0.0.11:8081_apt_debian-bookworm-amd64_Packages", "Package: x\n")
+    sha = hashlib.sha256(b"signed index\n").hexdigest()
+    assert st.own_state(keyring, read, lists, str(tmp_path)) == {
+        "keyring_b64": b64(b"\x99key"), "read_index_sha256": sha, "index_sha256": [sha]}
+
+
 def test_cli_turns_a_state_error_into_its_message(monkeypatch):
     def broken():
         raise st.StateError("a source is signed by /x.gpg, which does not exist on this node")

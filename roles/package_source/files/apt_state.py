@@ -9,9 +9,13 @@ same sources, keys and status, so it downloads exactly what the node's apt
 would: nothing it has, nothing from a source the node does not trust.
 
 torchrig's own source (under /etc/torchrig/apt) is left out: it is the copy,
-not the origin.
+not the origin. What the node holds of it is under "own", so that the role
+needs no task of its own to read it: the key it trusts for the cluster's
+repository (base64), the sha256 of the index it last read as a whole
+(READ_INDEX, written after a read that passed), and of each index in apt's
+lists (LISTS/*_InRelease).
 
-usage: apt_state.py
+usage: apt_state.py [KEYRING READ_INDEX LISTS]
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import base64
 import glob
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -165,9 +170,29 @@ def collect(root: str = "") -> dict:
     }
 
 
+def sha256_or_none(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def own_state(keyring: str, read_index: str, lists: str, root: str = "") -> dict:
+    """What the node holds of the cluster's repository (paths as on the node)."""
+    return {
+        "keyring_b64": read_b64(root + keyring) if os.path.isfile(root + keyring) else None,
+        "read_index_sha256": sha256_or_none(root + read_index),
+        "index_sha256": [sha256_or_none(p) for p in sorted(glob.glob(f"{root}{lists}/*_InRelease"))],
+    }
+
+
 def main() -> None:
     try:
-        print(json.dumps(collect()))
+        state = collect()
+        if len(sys.argv) == 4:
+            state["own"] = own_state(*sys.argv[1:])
+        print(json.dumps(state))
     except StateError as e:
         sys.exit(f"apt_state: {e}")
 

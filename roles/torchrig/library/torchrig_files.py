@@ -1,14 +1,18 @@
 #!/usr/bin/python
-"""A job's files on a node, written and removed in one module call.
+"""Files and directories on a node, written and removed in one module call.
 
-train.yml writes a job's drop-in, firewall element, environment, GPU list and run
-id, and removes what an earlier run left. As copy and file tasks that was nine
-round trips (a copy is two: a stat, then the write), each a fraction of a second
-on every node, and a launch or a failure report waited for all of them.
+A role that writes several small files (train.yml: a job's drop-in, firewall
+element, environment, GPU list and run id; package_source: the apt key, source
+and configuration) would otherwise make a copy, template or file task of each.
+Every such task starts Python on the node and imports Ansible's module code
+afresh, about 0.2 s of CPU, and a copy is two of them (a stat, then the write):
+on the 2 cores the local cluster shares, a launch or a failure report waited for
+all of them.
 """
 
 from __future__ import annotations
 
+import base64
 import grp
 import os
 import pwd
@@ -19,8 +23,8 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
-module: torchrun_files
-short_description: Write, make and remove a job's files on a node, in order
+module: torchrig_files
+short_description: Write, make and remove files and directories on a node, in order
 description:
   - Each entry is a file with its content, a directory, or a path to remove. A file is
     written (to a temporary file beside it, then renamed) only when its content differs;
@@ -37,6 +41,7 @@ options:
       path: {description: An absolute path., type: path, required: true}
       state: {description: file, directory or absent., type: str, default: file, choices: [file, directory, absent]}
       content: {description: The file's text (state file)., type: str, default: ""}
+      content_base64: {description: The file's bytes in base64 (state file), instead of content., type: str}
       owner: {description: Its owner (not for absent)., type: str, default: root}
       group: {description: Its group (not for absent)., type: str, default: root}
       mode: {description: Its mode in octal, as "0640" (not for absent)., type: str, default: "0644"}
@@ -44,6 +49,10 @@ options:
 
 RETURN = r"""
 changed_paths: {description: The entries' paths that changed (or would), in order, type: list, returned: always}
+diff:
+  description: With --diff, a before and after for each text file that changed (or would).
+  type: list
+  returned: with --diff
 """
 
 
@@ -75,6 +84,18 @@ def set_attrs(path: str, st: os.stat_result, uid: int, gid: int, mode: int, chec
         os.chown(path, uid, gid)
         os.chmod(path, mode)
     return True
+
+
+def read_text(path: str) -> str | None:
+    """A regular file's text for a diff; None where there is none (missing, a link, not text)."""
+    st = lstat_or_none(path)
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (UnicodeDecodeError, OSError):
+        return None
 
 
 def put_file(path: str, content: bytes, uid: int, gid: int, mode: int, check: bool) -> bool:
@@ -138,6 +159,7 @@ def main() -> None:
             "path": {"type": "path", "required": True},
             "state": {"type": "str", "default": "file", "choices": ["file", "directory", "absent"]},
             "content": {"type": "str", "default": ""},
+            "content_base64": {"type": "str"},
             "owner": {"type": "str", "default": "root"},
             "group": {"type": "str", "default": "root"},
             "mode": {"type": "str", "default": "0644"},
@@ -146,6 +168,7 @@ def main() -> None:
     )
     check = module.check_mode
     changed_paths = []
+    diffs = []
     for entry in module.params["files"]:
         path = entry["path"]
         if not os.path.isabs(path):
@@ -159,11 +182,19 @@ def main() -> None:
                 if entry["state"] == "directory":
                     changed = make_dir(path, uid, gid, mode, check)
                 else:
-                    changed = put_file(path, entry["content"].encode(), uid, gid, mode, check)
-        except (ValueError, OSError) as e:
+                    content = (base64.b64decode(entry["content_base64"], validate=True)
+                               if entry["content_base64"] is not None else entry["content"].encode())
+                    before = read_text(path) if module._diff else None
+                    changed = put_file(path, content, uid, gid, mode, check)
+                    if changed and module._diff and entry["content_base64"] is None and before != entry["content"]:
+                        diffs.append({"before_header": path, "after_header": path,
+                                      "before": before or "", "after": entry["content"]})
+        except (ValueError, OSError) as e:  # binascii.Error is a ValueError
             module.fail_json(msg=f"{path}: {e}", changed_paths=changed_paths)
         if changed:
             changed_paths.append(path)
+    if module._diff:
+        module.exit_json(changed=bool(changed_paths), changed_paths=changed_paths, diff=diffs)
     module.exit_json(changed=bool(changed_paths), changed_paths=changed_paths)
 
 

@@ -1,9 +1,10 @@
-"""The torchrun_files module (roles/torchrun/library/torchrun_files.py), run by Ansible on
-this machine: a job's files written, made and removed in one call, changed only when they
-differ, links replaced and never followed."""
+"""The torchrig_files module (roles/torchrig/library/torchrig_files.py), run by Ansible on
+this machine: files written, made and removed in one call, changed only when they differ,
+links replaced and never followed."""
 
 from __future__ import annotations
 
+import base64
 import grp
 import json
 import os
@@ -18,9 +19,9 @@ ME = pwd.getpwuid(os.getuid()).pw_name
 MY_GROUP = grp.getgrgid(os.getgid()).gr_name
 
 
-def files(entries: list[dict], check: bool = False) -> dict:
-    args = ["ansible", "localhost", "-c", "local", "-M", "roles/torchrun/library", "-m", "torchrun_files",
-            "-a", json.dumps({"files": entries})] + (["--check"] if check else [])
+def files(entries: list[dict], check: bool = False, diff: bool = False) -> dict:
+    args = ["ansible", "localhost", "-c", "local", "-M", "roles/torchrig/library", "-m", "torchrig_files",
+            "-a", json.dumps({"files": entries})] + (["--check"] if check else []) + (["--diff"] if diff else [])
     proc = run(args, env={"ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "json"}, timeout=120)
     return json.loads(proc.stdout[proc.stdout.index("{"):])["plays"][0]["tasks"][0]["hosts"]["localhost"]
 
@@ -94,3 +95,22 @@ def test_an_unknown_owner_or_group_is_named_and_nothing_after_it_is_done(tmp_pat
     got = files([entry(first, content="1"), entry(tmp_path / "bad", content="x", **bad), entry(second, content="2")])
     assert got.get("failed") and got["msg"] == f"{tmp_path / 'bad'}: {says}", got
     assert first.exists() and not (tmp_path / "bad").exists() and not second.exists()
+
+
+def test_bytes_given_in_base64_are_written_as_they_are_and_bad_base64_is_named(tmp_path: Path):
+    key = tmp_path / "keyring.gpg"
+    raw = bytes(range(256))
+    first = files([entry(key, content_base64=base64.b64encode(raw).decode())])
+    assert first["changed_paths"] == [str(key)] and key.read_bytes() == raw
+    assert files([entry(key, content_base64=base64.b64encode(raw).decode())])["changed_paths"] == []
+    bad = files([entry(key, content_base64="not base64!")])
+    assert bad.get("failed") and bad["msg"].startswith(f"{key}: "), bad
+    assert key.read_bytes() == raw
+
+
+def test_diff_shows_each_changed_text_file_before_and_after(tmp_path: Path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    files([entry(a, content="old\n"), entry(b, content="same\n")])
+    got = files([entry(a, content="new\n"), entry(b, content="same\n")], check=True, diff=True)
+    assert got["diff"] == [{"before_header": str(a), "after_header": str(a), "before": "old\n", "after": "new\n"}]
+    assert a.read_text() == "old\n"
