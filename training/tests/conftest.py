@@ -1,7 +1,9 @@
-"""Shared fixture: the uninterrupted reference run, trained once per session."""
+"""Shared fixtures: the uninterrupted reference run, trained once per session; and a
+check that the tests leave nothing in the checkout."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,3 +18,16 @@ def reference_run(tmp_path_factory) -> Path:
     launch = start_standalone(run_dir)
     assert launch.wait() == 0, launch.output()[-4000:]
     return run_dir
+
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_left_as_found():
+    """A process started without a run directory of its own writes its records (a worker's
+    failure.json) into its working directory: the tests' processes must not use the checkout."""
+    before = set(os.listdir(CHECKOUT))
+    yield
+    left = sorted(set(os.listdir(CHECKOUT)) - before - {".pytest_cache"})
+    assert not left, f"the training tests left these in {CHECKOUT}: {left}"
