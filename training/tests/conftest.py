@@ -26,7 +26,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session", autouse=True)
 def checkout_left_as_found():
     """A process started without a run directory of its own writes its records (a worker's
-    failure.json) into its working directory: the tests' processes must not use the checkout."""
+    failure record) into its working directory: the tests' processes must not use the checkout."""
     before = set(os.listdir(CHECKOUT))
     yield
     left = sorted(set(os.listdir(CHECKOUT)) - before - {".pytest_cache"})

@@ -78,7 +78,7 @@ class Launch:
 def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Launch:
     with log.open("w") as f:  # a file, not a pipe: a full pipe would block the launcher
         # In the log's directory: a worker without a run directory writes its records
-        # (failure.json) where it runs.
+        # (its failure record) where it runs.
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=log.parent,
                                 env={**child_env(), **(env or {})}, start_new_session=True)
     return Launch(proc, log)
