@@ -111,6 +111,34 @@ def test_resume_continues_the_uninterrupted_run_exactly(tmp_path: Path):
     assert checkpoint.list_steps(split / "checkpoints") == [50, 55, 60]
 
 
+def test_a_stop_on_an_epochs_last_step_resumes_into_the_next_epoch(tmp_path: Path):
+    """A SIGTERM on the last step of epoch 1 saves the whole epoch; the resumed run evaluates
+    it, trains epoch 2 and ends as the uninterrupted run (it once indexed an empty rest of
+    epoch 1 and failed with an IndexError, on every retry)."""
+    flags = {"max_steps": 100, "optimizer": "sgd", "lr": 0.05}
+    whole = trainer(tmp_path / "whole", **flags)
+    assert whole.train() == 0
+    cut = trainer(tmp_path / "cut", **flags)
+    last = cut.steps_per_epoch
+    step = cut.train_step
+
+    def step_then_stop(x, y):
+        step(x, y)
+        if cut.progress.step == last - 1:  # the vote right after this step stops
+            cut.stop.requested = True
+
+    cut.train_step = step_then_stop
+    assert cut.train() == 0
+    assert (cut.progress.step, cut.progress.step_in_epoch, cut.progress.epoch) == (last, last, 0)
+    assert not (tmp_path / "cut" / FILES["summary"]).exists()
+    resumed = trainer(tmp_path / "cut", **flags)
+    assert resumed.resumed_from == last
+    assert resumed.train() == 0
+    assert same_tensors(resumed.raw_model.state_dict(), whole.raw_model.state_dict())
+    assert metrics(tmp_path / "cut") == metrics(tmp_path / "whole")
+    assert [r["step"] for r in metrics(tmp_path / "cut") if r["split"] == "eval"] == [last, 100]
+
+
 def test_a_stop_request_checkpoints_the_step_and_ends(tmp_path: Path, monkeypatch, caplog):
     """A SIGTERM kept by torchrig.worker before the Trainer existed: one step, saved."""
     monkeypatch.setenv(worker.STOP_REQUESTED_ENV, "1")

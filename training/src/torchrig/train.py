@@ -534,14 +534,19 @@ class Trainer:
         """Train to --epochs or --max-steps, then finish; or stop on SIGTERM. Returns 0."""
         p = self.progress
         stopped = False
-        while p.epoch < self.cfg.epochs and p.step < self.last_step:
-            stopped = self.train_epoch()
-            if stopped:
-                break
+        while p.epoch < self.cfg.epochs:
+            # A run stopped on an epoch's last step saved the whole epoch: its resume
+            # goes straight to the epoch's end.
+            if p.step_in_epoch < self.steps_per_epoch and p.step < self.last_step:
+                stopped = self.train_epoch()
+                if stopped:
+                    break
             if p.step_in_epoch == self.steps_per_epoch:
                 self.evaluate_held_out(p.epoch + 1)
                 p.epoch, p.step_in_epoch = p.epoch + 1, 0
                 self.window.restart_clock()
+            elif p.step >= self.last_step:
+                break
         self.stop.finish()
         if stopped:
             # On every rank, so each node's journal says why its workers exited.
