@@ -43,10 +43,10 @@ def test_a_run_gets_its_directory_and_journals_once(tmp_path: Path):
 def test_results_of_an_older_torchrig_are_kept_whole(tmp_path: Path):
     fetch_dir = tmp_path / "job"
     (fetch_dir / "nodes").mkdir(parents=True)
-    (fetch_dir / "summary.json").write_text("{}")
+    (fetch_dir / "result.txt").write_text("kept")
     done = home(fetch_dir, "20261206T010000Z", {})
     assert json.loads(done.stdout) == {"changed": True, "moved": True}, done
-    assert (tmp_path / "job.runs" / "earlier-20261206T000000Z" / "summary.json").read_text() == "{}"
+    assert (tmp_path / "job.runs" / "earlier-20261206T000000Z" / "result.txt").read_text() == "kept"
     assert fetch_dir.is_symlink()
 
 
