@@ -77,7 +77,7 @@ def test_the_unit_and_the_env_file_carry_the_contracts_names():
     names = CONTRACT["env"]
     values = {"_torchrun_contract": CONTRACT, "_torchrun_env_names": names, "torchrun_env": {},
               "torchrun_config_dir": "/etc/torchrig/jobs", "torchrun_run_root": "/var/lib/torchrig/runs",
-              "torchrun_min_nodes": 0, "torchrun_nnodes": 2}
+              "torchrun_min_nodes": 0, "torchrun_nnodes": 2, "torchrun_last_call_timeout": 7}
     unit = render("torchrig-job@.service.j2", **values)
     env_file = render("job.env.j2", **values, torchrun_job="j", _torchrun_backend="gloo",
                       ansible_play_hosts_all=["n1"], hostvars={"n1": {"_torchrun_address": "10.0.0.1"}})
@@ -86,6 +86,9 @@ def test_the_unit_and_the_env_file_carry_the_contracts_names():
     assert read and read <= written, read - written
     assert {names[k] for k in ("nnodes", "rdzv_endpoint", "entrypoint", "args", "run_dir")} <= written
     assert f"--nnodes=${{{names['nnodes']}}} " in unit
+    # An elastic job's wait for more nodes is the job's own setting, not torch's 30 s.
+    assert f"{names['last_call_timeout']}=7\n" in env_file
+    assert f",last_call_timeout=${{{names['last_call_timeout']}}}," in unit
     assert f"--module torchrig.worker ${names['entrypoint']}\n" in unit
     assert f"RestartPreventExitStatus={CONTRACT['exit_nodes_missing']} {CONTRACT['fatal_signal']}\n" in unit
     assert (f"success/*|*/{CONTRACT['exit_nodes_missing']}|*/{CONTRACT['fatal_signal_short']}) "

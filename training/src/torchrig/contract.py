@@ -17,7 +17,7 @@ ENV_PREFIX = "TORCHRIG_"
 
 # The job's environment, by role: the key is what the roles and tests call it, the value
 # the variable's name. torchrig.launch, torchrig.worker and torchrig.dist read them; the
-# unit's command line takes the first eight.
+# unit's command line takes the first nine.
 ENV = {
     "job": "TORCHRIG_JOB",
     # MIN:MAX for an elastic job.
@@ -25,6 +25,8 @@ ENV = {
     "nproc_per_node": "TORCHRIG_NPROC_PER_NODE",
     "rdzv_endpoint": "TORCHRIG_RDZV_ENDPOINT",
     "join_timeout": "TORCHRIG_JOIN_TIMEOUT",
+    # An elastic job's wait for more nodes once it has its minimum.
+    "last_call_timeout": "TORCHRIG_LAST_CALL_TIMEOUT",
     # 1 on the node that hosts the rendezvous store, else 0.
     "rdzv_is_host": "TORCHRIG_RDZV_IS_HOST",
     "local_addr": "TORCHRIG_LOCAL_ADDR",
