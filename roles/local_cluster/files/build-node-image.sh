@@ -3,10 +3,10 @@
 # systemd as PID 1, sshd and an admin user with passwordless sudo. No registry
 # is needed: debootstrap fetches from a Debian mirror, podman imports the tar.
 #
-# usage: build-node-image.sh OUT.tar SUITE MIRROR PACKAGE,PACKAGE,... ADMIN_USER
+# usage: build-node-image.sh OUT.tar SUITE MIRROR PACKAGE,PACKAGE,... ADMIN_USER ZIP_BYTECODE.py
 set -euo pipefail
 
-out=$1 suite=$2 mirror=$3 include=$4 admin=$5
+out=$1 suite=$2 mirror=$3 include=$4 admin=$5 zip_bytecode=$6
 work=$(mktemp -d /var/tmp/torchrig-rootfs.XXXXXX)
 # The tarball is written under a name of this run's own and renamed: two
 # builds at once (make image in two checkouts) each rename a complete file,
@@ -40,6 +40,12 @@ SSHD
 chroot "$root" useradd --create-home --shell /bin/bash "$admin"
 echo "$admin ALL=(ALL) NOPASSWD:ALL" > "$root/etc/sudoers.d/$admin"
 chmod 0440 "$root/etc/sudoers.d/$admin"
+
+# Every Ansible task's module arrives as a zip, whose imports Python compiles
+# afresh each time: the system Python keeps root's compiled code instead (the
+# module's docstring says how). The training venv does not read dist-packages.
+install -m 0644 "$zip_bytecode" "$root/usr/lib/python3/dist-packages/torchrig_zip_bytecode.py"
+echo 'import torchrig_zip_bytecode; torchrig_zip_bytecode.install()' > "$root/usr/lib/python3/dist-packages/torchrig_zip_bytecode.pth"
 
 # Egress may pass a TLS-intercepting proxy: pip inside a node then needs the
 # host's extra CA certificates.
