@@ -22,7 +22,7 @@ SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/m
 # Runs a test stage and records its wall time when TORCHRIG_STAGES names a file.
 STAGE := .ci/stage
 
-.PHONY: help setup venv host image up down demo test check lint pytest molecule molecule-cluster molecule-roles clean
+.PHONY: help setup venv host image up down demo test check lint pytest pytest-training pytest-playbooks molecule molecule-cluster molecule-roles clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -94,7 +94,7 @@ demo: ## Set up, start 2 nodes, provision them, train across both, print the res
 	ansible-playbook provision.yml
 	ansible-playbook train.yml -e nodes=2
 
-# pytest and the role scenarios side by side, then the cluster scenario with
+# pytest (its two halves) and the role scenarios side by side, then the cluster scenario with
 # lint beside it. The cluster's fault checks are timed, and on 2 cores the
 # suite is CPU-bound: run beside the rest (at any CPU share) the cluster ran
 # past its 25 min limit or starved pytest. Lint reads no clock, so it takes
@@ -102,10 +102,10 @@ demo: ## Set up, start 2 nodes, provision them, train across both, print the res
 # can be made (not root, Linux < 5.15) lint runs with the first two.
 test: setup image ## All tests: lint, Python tests, every molecule scenario
 	if .ci/idle --check 2> /dev/null; then \
-	  $(MAKE) --no-print-directory -j2 --output-sync=target pytest molecule-roles && \
+	  $(MAKE) --no-print-directory -j3 --output-sync=target pytest-training pytest-playbooks molecule-roles && \
 	  $(MAKE) --no-print-directory -j2 --output-sync=target molecule-cluster lint IDLE=.ci/idle; \
 	else \
-	  $(MAKE) --no-print-directory -j3 --output-sync=target lint pytest molecule-roles && \
+	  $(MAKE) --no-print-directory -j4 --output-sync=target lint pytest-training pytest-playbooks molecule-roles && \
 	  $(MAKE) --no-print-directory molecule-cluster; \
 	fi
 
@@ -121,8 +121,16 @@ lint: setup ## yamllint, ansible-lint (production profile), ruff
 	$(IDLE) $(STAGE) ansible-lint ansible-lint
 	$(IDLE) $(STAGE) ruff ruff check .
 
+# Two sessions side by side: one session runs one test at a time, and alone it
+# kept 1.1 of 2 cores busy (868 s), the longest stage of the suite's first half.
 pytest: setup ## Python tests: the training package and the playbooks' logic
-	$(STAGE) pytest pytest -q --durations=15 training/tests tests
+	$(MAKE) --no-print-directory -j2 --output-sync=target pytest-training pytest-playbooks
+
+pytest-training: setup
+	$(STAGE) "pytest training" pytest -q --durations=10 training/tests
+
+pytest-playbooks: setup
+	$(STAGE) "pytest playbooks" pytest -q --durations=10 tests
 
 # The role scenarios run MOLECULE_JOBS at a time (molecule/shared/run-scenarios.sh).
 MOLECULE_JOBS ?= 2
@@ -134,8 +142,12 @@ molecule: ## Molecule scenarios: all, or SCENARIOS="a b"; the cluster one alone,
 molecule-cluster: image
 	for s in $(filter cluster,$(SCENARIOS)); do $(STAGE) "molecule $$s" molecule/shared/run-scenario.sh $$s || exit 1; done
 
+# Longest first (their times in a warm CI run, BENCHMARKS.md), so that no long
+# one starts last; a scenario not named here goes after them.
+ROLE_SCENARIOS_BY_LENGTH := nvidia_driver cuda package_source common firewall ssh_trust preflight
 molecule-roles: image
-	molecule/shared/run-scenarios.sh $(MOLECULE_JOBS) $(filter-out cluster,$(SCENARIOS))
+	molecule/shared/run-scenarios.sh $(MOLECULE_JOBS) $(filter $(SCENARIOS),$(ROLE_SCENARIOS_BY_LENGTH)) \
+	  $(filter-out cluster $(ROLE_SCENARIOS_BY_LENGTH),$(SCENARIOS))
 
 clean: down ## Remove the local cluster and the link to the controller venv (its cache stays)
 	rm -rf $(VENV) .venv.stamp
