@@ -116,6 +116,7 @@ def test_a_directory_without_its_marker_is_built_again(source: Path, tmp_path: P
 # --- the node image's tarball (roles/local_cluster/files/build-node-image.sh) ---------------
 
 IMAGE_SCRIPT = ROOT / "roles/local_cluster/files/build-node-image.sh"
+ZIP_BYTECODE = ROOT / "roles/local_cluster/files/torchrig_zip_bytecode.py"
 
 # Stand-ins for debootstrap (a root tree with a file big enough that tar takes
 # a moment; it returns once both builds have got this far, so that they tar at
@@ -123,7 +124,8 @@ IMAGE_SCRIPT = ROOT / "roles/local_cluster/files/build-node-image.sh"
 FAKE_DEBOOTSTRAP = """#!/bin/bash
 set -eu
 root=${@: -2:1}
-mkdir -p "$root/etc/ssh/sshd_config.d" "$root/etc/sudoers.d" "$root/usr/local/share/ca-certificates"
+mkdir -p "$root/etc/ssh/sshd_config.d" "$root/etc/sudoers.d" "$root/usr/local/share/ca-certificates" \
+  "$root/usr/lib/python3/dist-packages"
 head -c 30000000 /dev/urandom > "$root/payload"
 touch "$BARRIER/$$"
 for _ in $(seq 100); do [ "$(ls "$BARRIER" | wc -l)" -ge 2 ] && exit 0; sleep 0.1; done
@@ -141,12 +143,17 @@ def test_two_image_builds_at_once_each_leave_a_complete_tarball(tmp_path: Path) 
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "BARRIER": str(barrier)}
     out = cache / "node-abc123.tar"
     runs = [subprocess.Popen(["bash", str(IMAGE_SCRIPT), str(out), "bookworm", "http://mirror.invalid", "systemd",
-                              "admin"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                              "admin", str(ZIP_BYTECODE)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env)
             for _ in range(2)]
     results = [run.communicate(timeout=120) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], [err for _, err in results]
     listed = subprocess.run(["tar", "-tvf", str(out)], capture_output=True, text=True, check=True).stdout
     assert any(line.split()[2] == "30000000" and line.endswith("./payload") for line in listed.splitlines())
+    # The system Python's zip-import bytecode cache, and the .pth that starts it.
+    names = {line.split()[-1] for line in listed.splitlines()}
+    assert {"./usr/lib/python3/dist-packages/torchrig_zip_bytecode.py",
+            "./usr/lib/python3/dist-packages/torchrig_zip_bytecode.pth"} <= names
     assert sorted(os.listdir(cache)) == ["node-abc123.tar"]  # no temporary file left
     assert oct(out.stat().st_mode & 0o777) == "0o644"
 
