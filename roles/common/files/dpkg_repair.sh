@@ -1,7 +1,8 @@
 #!/bin/sh
-# dpkg_repair.sh: after `dpkg --configure --pending` failed on packages whose
-# unpacking was killed (status half-installed, or flagged reinstall-required),
-# install those packages' .deb again from apt's sources (the environment's
+# dpkg_repair.sh: run wherever `dpkg --audit` reported something. Packages
+# whose unpacking was killed (status half-installed, or flagged
+# reinstall-required) are left so by `dpkg --configure --pending`, which may
+# even exit 0: install those packages' .deb again from apt's sources (the environment's
 # APT_CONFIG: the cluster's repository) and finish dpkg's pending work.
 # Prints the packages it reinstalled; fails with dpkg's or apt's message.
 set -eu
