@@ -183,7 +183,9 @@ def test_two_checkouts_setting_up_at_once_build_the_shared_venv_once(tmp_path: P
     for checkout in checkouts:
         (checkout / "training").mkdir(parents=True)
         (checkout / "playbooks/files").mkdir(parents=True)
-        for name in ("Makefile", "requirements.txt", "training/pyproject.toml", "playbooks/files/controller_python.py"):
+        (checkout / "roles/local_cluster/files").mkdir(parents=True)
+        for name in ("Makefile", "requirements.txt", "training/pyproject.toml", "playbooks/files/controller_python.py",
+                     "roles/local_cluster/files/torchrig_zip_bytecode.py"):
             (checkout / name).write_bytes((ROOT / name).read_bytes())
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home), "SETUP_LOG": str(log)}
     env.pop("MAKEFLAGS", None)
@@ -198,6 +200,11 @@ def test_two_checkouts_setting_up_at_once_build_the_shared_venv_once(tmp_path: P
     assert [os.readlink(checkout / ".venv") for checkout in checkouts] == [str(venv), str(venv)]
     # Each checkout installed its own training package into it.
     assert len([line for line in lines if line.endswith("--no-deps -e training")]) == 2
+    # And the venv's Python keeps the code of localhost tasks' modules compiled, in the user's cache.
+    site = venv / f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
+    assert (site / "torchrig_zip_bytecode.py").read_bytes() == ZIP_BYTECODE.read_bytes()
+    assert (site / "torchrig_zip_bytecode.pth").read_text() == (
+        f"import torchrig_zip_bytecode; torchrig_zip_bytecode.install('{home}/.cache/torchrig/zip-bytecode')\n")
 
 
 def test_the_controllers_keys_are_kept_out_of_its_caches() -> None:

@@ -1,14 +1,17 @@
-"""The node image's cache of code compiled from zip imports (roles/local_cluster/files/
-torchrig_zip_bytecode.py), run as Ansible's modules run: a fresh Python per task,
-importing a package from a zip in a new temporary directory each time."""
+"""The cache of code compiled from zip imports (roles/local_cluster/files/
+torchrig_zip_bytecode.py) that the node image and the controller venv carry, run as
+Ansible's modules run: a fresh Python per task, importing a package from a zip in a new
+temporary directory each time."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import zipfile
 from pathlib import Path
@@ -45,14 +48,15 @@ def make_zip(directory: Path, answer: int) -> Path:
 
 
 def run(zip_path: Path, cache: Path, *uid: str) -> dict:
-    argv = [sys.executable, "-c", RUN.format(module=str(CACHE_MODULE)), str(zip_path), str(cache), *uid]
+    argv = [sys.executable, "-S", "-c", RUN.format(module=str(CACHE_MODULE)), str(zip_path), str(cache), *uid]
+    # PYTHONDONTWRITEBYTECODE keeps __pycache__ out of source trees; it does not turn this cache off.
     proc = subprocess.run(argv, capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""})
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
 
-# Like the rest of the suite (podman), these run as root: the cache is root's only.
+# Like the rest of the suite (podman), these run as root; the last one shows another user.
 def test_a_second_task_loads_the_code_the_first_compiled_and_names_its_own_zip(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     first = run(make_zip(tmp_path / "task1", 42), cache)
@@ -96,3 +100,25 @@ def test_another_user_compiles_as_python_does(tmp_path: Path) -> None:
     finally:
         shutil.rmtree(shared)
     assert not cache.exists()
+
+
+def test_a_cache_of_another_user_is_not_used(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    os.chown(cache, 65534, 65534)
+    assert run(make_zip(tmp_path / "task", 5), cache)["used"] is False
+    assert list(cache.iterdir()) == []
+
+
+def test_the_controller_venv_keeps_a_localhost_tasks_module_compiled() -> None:
+    """make setup gives the controller venv the cache, in the user's ~/.cache/torchrig: the
+    module of a task run on localhost is loaded compiled the next time."""
+    cache = Path.home() / ".cache/torchrig/zip-bytecode"  # the Makefile's $(HOME)/.cache/torchrig
+    subprocess.run(["ansible", "localhost", "-m", "ansible.builtin.ping"], check=True, capture_output=True,
+                   env={**os.environ, "ANSIBLE_LOCALHOST_WARNING": "false"})
+    # The source the task's zip carried (not imported here: Ansible stays out of pytest's process).
+    source = (Path(sysconfig.get_path("purelib")) / "ansible/module_utils/basic.py").read_bytes()
+    key = hashlib.sha256(b"ansible/module_utils/basic.py\0" + source).hexdigest()
+    compiled = cache / f"{key}.{sys.implementation.cache_tag}"
+    assert compiled.is_file(), f"{compiled} missing: the venv's Python compiled basic.py without keeping it"
+    assert cache.stat().st_uid == os.geteuid() and oct(cache.stat().st_mode & 0o777) == "0o700"

@@ -156,8 +156,9 @@ sys.modules["torch"] = None  # any import of torch now fails
 spec = importlib.util.spec_from_file_location("torchrig_config", {str(CONFIG_PY)!r})
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-print(json.dumps([module.check_settings({{"epochs": 0, "dataset": "digits"}}),
-                  list(module.DATASETS), [m for m in sys.modules if m.startswith("torchrig")]]))
+ours = [m for m in sys.modules if m.split(".")[0] in ("torchrig", "torchrig_config")]
+problems = module.check_settings({{"epochs": 0, "dataset": "digits"}})
+print(json.dumps([problems, list(module.DATASETS), ours]))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, env=child_env())
