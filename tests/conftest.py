@@ -91,3 +91,20 @@ def podman_names(kind: str, prefix: str) -> list[str]:
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+# `make test` runs the modules marked `nodes` (they start local-cluster nodes of their
+# own) beside the role scenarios, and the rest beside the cluster scenario on CPU time
+# it leaves over: their runs there are slowed, never timed. A module that starts nodes
+# unmarked would take that scenario's CPU, so it is refused here, by name.
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "nodes: the module starts local-cluster nodes (podman) of its own")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    modules = {item.path: item for item in items}
+    unmarked = sorted(path.name for path, item in modules.items()
+                      if "playbooks/local-cluster.yml" in path.read_text() and not item.get_closest_marker("nodes"))
+    if unmarked:
+        raise pytest.UsageError(f"{', '.join(unmarked)}: starts local-cluster nodes but is not marked `nodes`; "
+                                "add `pytestmark = pytest.mark.nodes`")

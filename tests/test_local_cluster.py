@@ -18,6 +18,8 @@ import pytest
 import yaml
 from conftest import podman_names, run
 
+pytestmark = pytest.mark.nodes
+
 NAME = "torchrig-pytest"
 
 

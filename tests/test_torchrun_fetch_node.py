@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import run
 
+pytestmark = pytest.mark.nodes
+
 NAME = "torchrig-pytest-fetch"
 JOB = "fetchme"
 USER = "tj-pytest-fetch"

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, VENV_BIN, run
 
+pytestmark = pytest.mark.nodes
+
 NAME = "torchrig-pytest-wait"
 
 WAIT_PLAY = """
