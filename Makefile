@@ -114,14 +114,17 @@ demo: ## Set up, start 2 nodes, provision them, train across both, print the res
 # (.ci/idle; where no idle cgroup can be made (not root, Linux < 5.15) lint
 # runs with the first group); the playbook tests at nice 10 (a tenth of the
 # weight of a process at nice 0), so that their runs (timed out only after
-# minutes) go on even while the cluster keeps both cores busy.
+# minutes) go on even while the cluster keeps both cores busy. The role
+# scenarios run three at a time here: they wait on SSH and apt more than they
+# compute, and two at a time they ended about 240 s after both pytest
+# sessions, on a CPU partly idle.
 LOW := nice -n 10
 test: setup image ## All tests: lint, Python tests, every molecule scenario
 	if .ci/idle --check 2> /dev/null; then \
-	  $(MAKE) --no-print-directory -j3 --output-sync=target pytest-training pytest-nodes molecule-roles && \
+	  $(MAKE) --no-print-directory -j3 --output-sync=target pytest-training pytest-nodes molecule-roles MOLECULE_JOBS=3 && \
 	  $(MAKE) --no-print-directory -j3 --output-sync=target molecule-cluster lint pytest-playbooks IDLE=.ci/idle NICE='$(LOW)'; \
 	else \
-	  $(MAKE) --no-print-directory -j4 --output-sync=target lint pytest-training pytest-nodes molecule-roles && \
+	  $(MAKE) --no-print-directory -j4 --output-sync=target lint pytest-training pytest-nodes molecule-roles MOLECULE_JOBS=3 && \
 	  $(MAKE) --no-print-directory -j2 --output-sync=target molecule-cluster pytest-playbooks NICE='$(LOW)'; \
 	fi
 
