@@ -110,22 +110,21 @@ demo: ## Set up, start 2 nodes, provision them, train across both, print the res
 # cluster's fault checks are timed: run beside the first group (at any CPU
 # share) the cluster ran past its 25 min limit or starved pytest. It leaves
 # about a third of the CPU idle, and what runs beside it takes from that
-# first: lint, which reads no clock, only the CPU time nobody else wants
-# (.ci/idle; where no idle cgroup can be made (not root, Linux < 5.15) lint
-# runs with the first group); the playbook tests at nice 10 (a tenth of the
-# weight of a process at nice 0), so that their runs (timed out only after
-# minutes) go on even while the cluster keeps both cores busy. The role
-# scenarios run three at a time here: they wait on SSH and apt more than they
-# compute, and two at a time they ended about 240 s after both pytest
-# sessions, on a CPU partly idle.
-LOW := nice -n 10
+# first: lint, which reads no clock, only the CPU time nobody else wants; the
+# playbook tests in a CPU cgroup of a tenth of the usual weight, so that their
+# runs (timed out only after minutes) go on even while the cluster keeps both
+# cores busy (.ci/idle and .ci/idle --low). Where no such cgroup can be made
+# (not root, Linux < 5.15) lint runs with the first group and the playbook
+# tests at nice 10. The role scenarios run three at a time here: they wait on
+# SSH and apt more than they compute, and two at a time they ended about
+# 240 s after both pytest sessions, on a CPU partly idle.
 test: setup image ## All tests: lint, Python tests, every molecule scenario
 	if .ci/idle --check 2> /dev/null; then \
 	  $(MAKE) --no-print-directory -j3 --output-sync=target pytest-training pytest-nodes molecule-roles MOLECULE_JOBS=3 && \
-	  $(MAKE) --no-print-directory -j3 --output-sync=target molecule-cluster lint pytest-playbooks IDLE=.ci/idle NICE='$(LOW)'; \
+	  $(MAKE) --no-print-directory -j3 --output-sync=target molecule-cluster lint pytest-playbooks IDLE=.ci/idle NICE='.ci/idle --low'; \
 	else \
 	  $(MAKE) --no-print-directory -j4 --output-sync=target lint pytest-training pytest-nodes molecule-roles MOLECULE_JOBS=3 && \
-	  $(MAKE) --no-print-directory -j2 --output-sync=target molecule-cluster pytest-playbooks NICE='$(LOW)'; \
+	  $(MAKE) --no-print-directory -j2 --output-sync=target molecule-cluster pytest-playbooks NICE='nice -n 10'; \
 	fi
 
 check: ## Quick loop while developing: lint, Python tests, the common scenario (2 nodes)
@@ -142,7 +141,7 @@ lint: setup ## yamllint, ansible-lint (production profile), ruff
 
 # Three sessions side by side: one session runs one test at a time, and alone it
 # kept 1.1 of 2 cores busy (868 s for all of them).
-# NICE: a command that runs the playbook tests at a lower priority (make test sets it).
+# NICE: a command that runs the playbook tests at a lower CPU weight (make test sets it).
 NICE ?=
 pytest: setup ## Python tests: the training package and the playbooks' logic
 	$(MAKE) --no-print-directory -j3 --output-sync=target pytest-training pytest-nodes pytest-playbooks
