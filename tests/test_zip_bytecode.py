@@ -56,7 +56,7 @@ def run(zip_path: Path, cache: Path, *uid: str) -> dict:
     return json.loads(proc.stdout)
 
 
-# Like the rest of the suite (podman), these run as root; the last one shows another user.
+# Like the rest of the suite (podman), these run as root; two of them bring in another user.
 def test_a_second_task_loads_the_code_the_first_compiled_and_names_its_own_zip(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     first = run(make_zip(tmp_path / "task1", 42), cache)
