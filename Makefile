@@ -43,9 +43,10 @@ ZIP_BYTECODE := roles/local_cluster/files/torchrig_zip_bytecode.py
 # unpacking torch and the Ansible bundle again (about 100 s). Each checkout then
 # installs its own training package into it (editable, no dependencies), so
 # the package imported is always this checkout's.
-VENV_KEY   := $(shell cat requirements.txt training/pyproject.toml $(ZIP_BYTECODE) | sha1sum | cut -c1-10)-$(shell echo '$(TORCH_PINS) $(MLXTEND_PIN)' | sha1sum | cut -c1-6)-py$(shell python3 -c 'import sys; print("%d%d" % sys.version_info[:2])')
+PY_VERSION := $(shell python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+VENV_KEY   := $(shell cat requirements.txt training/pyproject.toml $(ZIP_BYTECODE) | sha1sum | cut -c1-10)-$(shell echo '$(TORCH_PINS) $(MLXTEND_PIN)' | sha1sum | cut -c1-6)-py$(subst .,,$(PY_VERSION))
 VENV_CACHE := $(CACHE)/venv-$(VENV_KEY)
-VENV_SITE  := $(VENV_CACHE)/lib/$(shell python3 -c 'import sys; print("python%d.%d" % sys.version_info[:2])')/site-packages
+VENV_SITE  := $(VENV_CACHE)/lib/python$(PY_VERSION)/site-packages
 
 # This checkout's training package, installed into the shared venv (no dependencies).
 INSTALL_TRAINING = flock $(CACHE)/venv.lock $(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e training
