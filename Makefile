@@ -35,8 +35,11 @@ setup: venv host ## Controller venv (pinned tools) and podman; a quick no-op whe
 # Modules of tasks run on localhost import from a zip, and Python compiles them
 # afresh for each task: the venv's Python keeps that code compiled under
 # $(CACHE)/zip-bytecode (the module's docstring says how; a localhost task
-# costs about a quarter less CPU).
+# costs about a quarter less CPU). Ansible also scans each module's imports
+# afresh in every run: the venv keeps those scans under $(CACHE)/ansiballz-scan
+# (ANSIBALLZ_SCAN's docstring says how; bench/ansiballz_scan.py measures it).
 ZIP_BYTECODE := roles/local_cluster/files/torchrig_zip_bytecode.py
+ANSIBALLZ_SCAN := roles/local_cluster/files/torchrig_ansiballz_scan.py
 
 # The controller venv is cached outside the checkout, keyed by what goes into
 # it, and .venv is a link to it: a fresh clone (CI's) reuses it instead of
@@ -44,7 +47,7 @@ ZIP_BYTECODE := roles/local_cluster/files/torchrig_zip_bytecode.py
 # installs its own training package into it (editable, no dependencies), so
 # the package imported is always this checkout's.
 PY_VERSION := $(shell python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-VENV_KEY   := $(shell cat requirements.txt training/pyproject.toml $(ZIP_BYTECODE) | sha1sum | cut -c1-10)-$(shell echo '$(TORCH_PINS) $(MLXTEND_PIN)' | sha1sum | cut -c1-6)-py$(subst .,,$(PY_VERSION))
+VENV_KEY   := $(shell cat requirements.txt training/pyproject.toml $(ZIP_BYTECODE) $(ANSIBALLZ_SCAN) | sha1sum | cut -c1-10)-$(shell echo '$(TORCH_PINS) $(MLXTEND_PIN)' | sha1sum | cut -c1-6)-py$(subst .,,$(PY_VERSION))
 VENV_CACHE := $(CACHE)/venv-$(VENV_KEY)
 VENV_SITE  := $(VENV_CACHE)/lib/python$(PY_VERSION)/site-packages
 
@@ -81,6 +84,8 @@ $(VENV_CACHE)/.torchrig-setup:
 	mkdir -p $(VENV_SITE)
 	install -m 0644 $(ZIP_BYTECODE) $(VENV_SITE)/torchrig_zip_bytecode.py
 	echo "import torchrig_zip_bytecode; torchrig_zip_bytecode.install('$(CACHE)/zip-bytecode')" > $(VENV_SITE)/torchrig_zip_bytecode.pth
+	install -m 0644 $(ANSIBALLZ_SCAN) $(VENV_SITE)/torchrig_ansiballz_scan.py
+	echo "import torchrig_ansiballz_scan; torchrig_ansiballz_scan.install('$(CACHE)/ansiballz-scan')" > $(VENV_SITE)/torchrig_ansiballz_scan.pth
 	touch $@
 endif
 

@@ -117,6 +117,7 @@ def test_a_directory_without_its_marker_is_built_again(source: Path, tmp_path: P
 
 IMAGE_SCRIPT = ROOT / "roles/local_cluster/files/build-node-image.sh"
 ZIP_BYTECODE = ROOT / "roles/local_cluster/files/torchrig_zip_bytecode.py"
+ANSIBALLZ_SCAN = ROOT / "roles/local_cluster/files/torchrig_ansiballz_scan.py"
 
 # Stand-ins for debootstrap (a root tree with a file big enough that tar takes
 # a moment; it returns once both builds have got this far, so that they tar at
@@ -185,7 +186,8 @@ def test_two_checkouts_setting_up_at_once_build_the_shared_venv_once(tmp_path: P
         (checkout / "playbooks/files").mkdir(parents=True)
         (checkout / "roles/local_cluster/files").mkdir(parents=True)
         for name in ("Makefile", "requirements.txt", "training/pyproject.toml", "playbooks/files/controller_python.py",
-                     "roles/local_cluster/files/torchrig_zip_bytecode.py"):
+                     "roles/local_cluster/files/torchrig_zip_bytecode.py",
+                     "roles/local_cluster/files/torchrig_ansiballz_scan.py"):
             (checkout / name).write_bytes((ROOT / name).read_bytes())
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home), "SETUP_LOG": str(log)}
     env.pop("MAKEFLAGS", None)
@@ -205,6 +207,10 @@ def test_two_checkouts_setting_up_at_once_build_the_shared_venv_once(tmp_path: P
     assert (site / "torchrig_zip_bytecode.py").read_bytes() == ZIP_BYTECODE.read_bytes()
     assert (site / "torchrig_zip_bytecode.pth").read_text() == (
         f"import torchrig_zip_bytecode; torchrig_zip_bytecode.install('{home}/.cache/torchrig/zip-bytecode')\n")
+    # And Ansible in it keeps its scans of modules' imports there too.
+    assert (site / "torchrig_ansiballz_scan.py").read_bytes() == ANSIBALLZ_SCAN.read_bytes()
+    assert (site / "torchrig_ansiballz_scan.pth").read_text() == (
+        f"import torchrig_ansiballz_scan; torchrig_ansiballz_scan.install('{home}/.cache/torchrig/ansiballz-scan')\n")
 
 
 def test_the_controllers_keys_are_kept_out_of_its_caches() -> None:
