@@ -86,6 +86,8 @@ $(VENV_CACHE)/.torchrig-setup:
 	echo "import torchrig_zip_bytecode; torchrig_zip_bytecode.install('$(CACHE)/zip-bytecode')" > $(VENV_SITE)/torchrig_zip_bytecode.pth
 	install -m 0644 $(ANSIBALLZ_SCAN) $(VENV_SITE)/torchrig_ansiballz_scan.py
 	echo "import torchrig_ansiballz_scan; torchrig_ansiballz_scan.install('$(CACHE)/ansiballz-scan')" > $(VENV_SITE)/torchrig_ansiballz_scan.pth
+	# Compiled now: every Python of the venv imports both at its start, and PYTHONDONTWRITEBYTECODE would have them compiled at each.
+	$(VENV_CACHE)/bin/python -m compileall -q $(VENV_SITE)/torchrig_zip_bytecode.py $(VENV_SITE)/torchrig_ansiballz_scan.py
 	touch $@
 endif
 

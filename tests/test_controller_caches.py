@@ -169,6 +169,7 @@ if [ "$1 $2" = "-m venv" ]; then
   mkdir -p "$3/bin"
   printf '#!/bin/bash\\necho "pip $*" >> "$SETUP_LOG"\\nsleep 0.3\\n' > "$3/bin/pip"
   chmod +x "$3/bin/pip"
+  ln -s {sys.executable} "$3/bin/python"
   exit 0
 fi
 exec {sys.executable} "$@"
@@ -211,6 +212,10 @@ def test_two_checkouts_setting_up_at_once_build_the_shared_venv_once(tmp_path: P
     assert (site / "torchrig_ansiballz_scan.py").read_bytes() == ANSIBALLZ_SCAN.read_bytes()
     assert (site / "torchrig_ansiballz_scan.pth").read_text() == (
         f"import torchrig_ansiballz_scan; torchrig_ansiballz_scan.install('{home}/.cache/torchrig/ansiballz-scan')\n")
+    # Both compiled: every Python of the venv imports them at its start.
+    tag = sys.implementation.cache_tag
+    assert {f"torchrig_zip_bytecode.{tag}.pyc", f"torchrig_ansiballz_scan.{tag}.pyc"} <= {
+        p.name for p in (site / "__pycache__").iterdir()}
 
 
 def test_the_controllers_keys_are_kept_out_of_its_caches() -> None:

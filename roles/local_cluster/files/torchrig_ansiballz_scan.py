@@ -24,20 +24,22 @@ Where Ansible's module_common lacks what is patched here, nothing changes.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.abc
-import importlib.util
-import json
-import os
-import stat
+# Only sys at first: the .pth runs this in every Python of the venv (a module run
+# on localhost, pytest's children), and importlib.abc alone costs 30 ms of CPU.
 import sys
-from types import ModuleType
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
 
 TARGET = "ansible.executor.module_common"
 
 
 def _usable(cache: str) -> bool:
+    import os
+    import stat
+
     try:
         os.makedirs(cache, 0o700, exist_ok=True)
     except OSError:
@@ -52,6 +54,10 @@ def patch(module_common: ModuleType, cache: str) -> bool:
     real_finder = getattr(module_common, "ModuleDepFinder", None)
     if real_compile is None or real_finder is None or not _usable(cache):
         return False
+    import hashlib
+    import json
+    import os
+
     from ansible.release import __version__
 
     salt = f"scan-v1\0{__version__}\0{sys.version_info[0]}.{sys.version_info[1]}\0".encode()
@@ -107,8 +113,8 @@ def patch(module_common: ModuleType, cache: str) -> bool:
     return True
 
 
-class _Hook(importlib.abc.MetaPathFinder):
-    """Patches module_common right after Python has run it, once."""
+class _Hook:
+    """A finder on sys.meta_path that patches module_common right after Python has run it, once."""
 
     def __init__(self, cache: str) -> None:
         self.cache = cache
@@ -117,7 +123,9 @@ class _Hook(importlib.abc.MetaPathFinder):
         if fullname != TARGET:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(fullname, path)
         loader = spec.loader if spec is not None else None
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
