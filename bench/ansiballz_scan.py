@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
-import subprocess
 import sys
 import sysconfig
 import tempfile
 from pathlib import Path
+
+from cpu_meter import run_cpu_s
 
 CACHE = Path.home() / ".cache/torchrig/ansiballz-scan"  # the Makefile's $(CACHE)/ansiballz-scan
 
@@ -47,11 +47,6 @@ TASKS = [
     "ansible.builtin.systemd_service: {name: torchrig-bench-none}",
     "ansible.builtin.apt: {name: bash}",
 ]
-
-
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> int:
@@ -78,9 +73,7 @@ def main() -> int:
             for _ in range(args.rounds):
                 for mode, mode_bits in (("off", 0o777), ("on", 0o700)):
                     CACHE.chmod(mode_bits)
-                    before = children_cpu_s()
-                    subprocess.run(argv, env=env, capture_output=True, check=True, cwd=tmp)
-                    spent[mode] += children_cpu_s() - before
+                    spent[mode] += run_cpu_s(argv, env=env, cwd=tmp)
         finally:
             CACHE.chmod(0o700)
     off, on = spent["off"] / args.rounds, spent["on"] / args.rounds

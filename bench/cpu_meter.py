@@ -11,6 +11,7 @@ benches are meant for an otherwise idle machine.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,15 @@ def machine_busy_s() -> float:
     fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = fields
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def run_cpu_s(argv: list[str], **kwargs: object) -> float:
+    """Run argv to its end (output captured, a failure raised) and return the CPU seconds it and its
+    children took, read from this process's rusage of ended children."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, capture_output=True, check=True, **kwargs)  # type: ignore[call-overload]
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
 def cgroup_usage_file(container: str) -> Path:

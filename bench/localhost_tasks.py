@@ -19,19 +19,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
-import subprocess
 import sys
 import sysconfig
 import tempfile
 from pathlib import Path
 
+from cpu_meter import run_cpu_s
+
 CACHE = Path.home() / ".cache/torchrig/zip-bytecode"  # the Makefile's $(CACHE)/zip-bytecode
-
-
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> int:
@@ -55,10 +50,8 @@ def main() -> int:
             for _ in range(args.rounds):
                 for mode, mode_bits in (("off", 0o777), ("on", 0o700)):
                     CACHE.chmod(mode_bits)
-                    before = children_cpu_s()
-                    subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), str(play)], env=env,
-                                   capture_output=True, check=True, cwd=tmp)
-                    spent[mode] += children_cpu_s() - before
+                    spent[mode] += run_cpu_s([str(Path(sys.executable).parent / "ansible-playbook"), str(play)],
+                                             env=env, cwd=tmp)
         finally:
             CACHE.chmod(0o700)
     n = args.rounds * args.tasks

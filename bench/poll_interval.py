@@ -18,18 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from cpu_meter import run_cpu_s
+
 INTERVALS = ("0.001", "0.005")  # Ansible's default, torchrig's ansible.cfg
-
-
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> int:
@@ -53,11 +48,9 @@ def main() -> int:
                 for interval in INTERVALS:
                     cfg = Path(tmp) / f"ansible-{interval}.cfg"
                     cfg.write_text(f"[defaults]\ninternal_poll_interval = {interval}\n")
-                    before = children_cpu_s()
-                    subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-e",
-                                    f"ansible_python_interpreter={sys.executable}", str(play)],
-                                   env={**env, "ANSIBLE_CONFIG": str(cfg)}, capture_output=True, check=True, cwd=tmp)
-                    spent[interval] += children_cpu_s() - before
+                    spent[interval] += run_cpu_s([str(Path(sys.executable).parent / "ansible-playbook"), "-e",
+                                                  f"ansible_python_interpreter={sys.executable}", str(play)],
+                                                 env={**env, "ANSIBLE_CONFIG": str(cfg)}, cwd=tmp)
             old, new = (spent[i] / args.rounds for i in INTERVALS)
             print(f"ansible-playbook, {name} on localhost, {args.rounds} runs each, CPU s per run:")
             print(f"  every {INTERVALS[0]} s {old:.2f}   every {INTERVALS[1]} s {new:.2f}   ratio {new / old:.2f}")
