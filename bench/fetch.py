@@ -27,6 +27,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -66,11 +67,12 @@ def tree_rss(pid: int) -> int:
     return total
 
 
-def timed(cmd: list[str]) -> tuple[float, int, subprocess.CompletedProcess[str]]:
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, subprocess.CompletedProcess[str]]:
     """Run cmd from the repository root; (seconds, peak tree RSS in bytes, the result)."""
     start = time.monotonic()
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, **(env or {})})
         peak = 0
         while proc.poll() is None:
             peak = max(peak, tree_rss(proc.pid))
@@ -88,7 +90,9 @@ def ssh_command(inventory: str, node: str) -> tuple[str, str]:
     hostvars = json.loads(ansible(["ansible-inventory", "--host", node], inventory).stdout)
     cfg = subprocess.run([str(BIN / "ansible-config"), "dump", "--only-changed", "-t", "connection",
                           "--format", "json"], cwd=REPO, capture_output=True, text=True, check=False).stdout
-    ssh_args = next((c["value"] for c in json.loads(cfg or "[]") if c["name"] == "ssh_args"), "")
+    # Grouped by plugin: [{"ssh": [{"name": "ssh_args", "value": ...}, ...]}].
+    ssh_settings = [c for group in json.loads(cfg or "[]") for c in group.get("ssh", [])]
+    ssh_args = next((c["value"] for c in ssh_settings if c["name"] == "ssh_args"), "")
     ssh = ["ssh", *shlex.split(ssh_args or ""), *shlex.split(hostvars.get("ansible_ssh_common_args", ""))]
     if hostvars.get("ansible_ssh_private_key_file"):
         ssh += ["-i", hostvars["ansible_ssh_private_key_file"]]
@@ -139,8 +143,13 @@ def main() -> None:
     print(f"{args.node}: {size / 2**30:.2f} GiB in {files} files (2 of {args.big_mb} MiB, {args.small} of 1 KiB)")
     ssh, target = ssh_command(args.inventory, args.node)
     with tempfile.TemporaryDirectory(dir=REPO) as tmp:
-        t_sec, t_peak, _ = timed([str(BIN / "ansible-playbook"), "-i", args.inventory, "playbooks/fetch.yml",
-                                  "-e", f"job={JOB}", "-e", f"group={args.node}", "-e", f"results_dir={tmp}/t"])
+        # profile_tasks gives the transfer task's own time: the rest of the run is the
+        # same whatever the size (the listing, the checks, the journals).
+        t_sec, t_peak, t_run = timed([str(BIN / "ansible-playbook"), "-i", args.inventory, "playbooks/fetch.yml",
+                                      "-e", f"job={JOB}", "-e", f"group={args.node}", "-e", f"results_dir={tmp}/t"],
+                                     env={"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks"})
+        step = re.search(r"Fetch the job's output files -+ ([0-9.]+)s", t_run.stdout)
+        transfer = float(step[1]) if step else float("nan")
         got = Path(tmp) / "t" / f"{JOB}.runs" / RUN_ID / "nodes" / args.node
         r_sec, r_peak, _ = timed(["rsync", "-a", "--rsync-path", "sudo rsync", "-e", ssh,
                                   f"{target}:{run}/", f"{tmp}/r/"])
@@ -152,7 +161,9 @@ def main() -> None:
     print(f"{'':>9} {'seconds':>8} {'MiB/s':>7} {'peak MiB':>9}")
     print(f"{'torchrig':>9} {t_sec:>8.1f} {size / mib / t_sec:>7.0f} {t_peak / mib:>9.0f}")
     print(f"{'rsync':>9} {r_sec:>8.1f} {size / mib / r_sec:>7.0f} {r_peak / mib:>9.0f}")
-    print(f"time torchrig / rsync: {t_sec / r_sec:.2f}")
+    print(f"time torchrig / rsync: {t_sec / r_sec:.2f} (the whole fetch.yml run)")
+    print(f"of which the transfer task: {transfer:.1f} s, {transfer / r_sec:.2f} times rsync; "
+          f"the other {t_sec - transfer:.1f} s do not grow with the data")
     print(f"every file's sha256 equal to the node's: torchrig {same}, rsync {same_r}")
     print(f"controller's peak memory during torchrig's fetch: {t_peak / mib:.0f} MiB (limit 300 MB)")
 
