@@ -22,7 +22,7 @@ SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/m
 # Runs a test stage and records its wall time when TORCHRIG_STAGES names a file.
 STAGE := .ci/stage
 
-.PHONY: help setup venv host image up down demo test check lint pytest pytest-training pytest-nodes pytest-playbooks molecule molecule-cluster molecule-roles clean
+.PHONY: help setup venv host image up down demo test check lint pytest pytest-training pytest-nodes pytest-playbooks molecule molecule-cluster molecule-roles molecule-roles-beside clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -112,24 +112,29 @@ demo: ## Set up, start 2 nodes, provision them, train across both, print the res
 	ansible-playbook provision.yml
 	ansible-playbook train.yml -e nodes=2
 
-# The training tests, the playbook tests that start nodes and the role
-# scenarios side by side; then the cluster scenario, with lint and the other
-# playbook tests beside it. On 2 cores the suite is CPU-bound, and the
-# cluster's fault checks are timed: run beside the first group (at any CPU
-# share) the cluster ran past its 25 min limit or starved pytest. It leaves
-# about a third of the CPU idle, and what runs beside it takes from that
-# first: lint, which reads no clock, only the CPU time nobody else wants; the
-# playbook tests in a CPU cgroup of a tenth of the usual weight, so that their
-# runs (timed out only after minutes) go on even while the cluster keeps both
-# cores busy (.ci/idle and .ci/idle --low). Where no such cgroup can be made
-# (not root, Linux < 5.15) lint runs with the first group and the playbook
-# tests at nice 10. The role scenarios run three at a time here: they wait on
-# SSH and apt more than they compute, and two at a time they ended about
-# 240 s after both pytest sessions, on a CPU partly idle.
+# The training tests, the playbook tests that start nodes and the longer role
+# scenarios side by side; then the cluster scenario, with lint, the other
+# playbook tests and the shorter role scenarios beside it. On 2 cores the
+# suite is CPU-bound, and the cluster's fault checks are timed: run beside the
+# first group (at any CPU share) the cluster ran past its 25 min limit or
+# starved pytest. It leaves about a third of the CPU idle, and what runs
+# beside it takes from that first: lint, which reads no clock, only the CPU
+# time nobody else wants; the playbook tests and ROLES_BESIDE in a CPU cgroup
+# of a tenth of the usual weight, so that their runs (timed out only after
+# minutes) go on even while the cluster keeps both cores busy (.ci/idle and
+# .ci/idle --low). The scenarios' nodes go into that cgroup too where podman
+# can put them there (.ci/idle --containers: cgroup v1); elsewhere every role
+# scenario runs in the first part. Where no such cgroup can be made (not root,
+# Linux < 5.15) lint runs with the first group and the playbook tests at nice
+# 10. The first part's role scenarios run three at a time: they wait on SSH
+# and apt more than they compute.
+ROLES_BESIDE_CLUSTER := package_source common ssh_trust preflight
 test: setup image ## All tests: lint, Python tests, every molecule scenario
 	if .ci/idle --check 2> /dev/null; then \
-	  $(MAKE) --no-print-directory -j3 --output-sync=target pytest-training pytest-nodes molecule-roles MOLECULE_JOBS=3 && \
-	  $(MAKE) --no-print-directory -j3 --output-sync=target molecule-cluster lint pytest-playbooks IDLE=.ci/idle NICE='.ci/idle --low'; \
+	  beside=; if .ci/idle --containers 2> /dev/null; then beside='$(filter $(SCENARIOS),$(ROLES_BESIDE_CLUSTER))'; fi; \
+	  $(MAKE) --no-print-directory -j3 --output-sync=target pytest-training pytest-nodes molecule-roles MOLECULE_JOBS=3 ROLES_BESIDE="$$beside" && \
+	  $(MAKE) --no-print-directory -j4 --output-sync=target molecule-cluster lint pytest-playbooks molecule-roles-beside ROLES_BESIDE="$$beside" \
+	    IDLE=.ci/idle NICE='.ci/idle --low'; \
 	else \
 	  $(MAKE) --no-print-directory -j4 --output-sync=target lint pytest-training pytest-nodes molecule-roles MOLECULE_JOBS=3 && \
 	  $(MAKE) --no-print-directory -j2 --output-sync=target molecule-cluster pytest-playbooks NICE='nice -n 10'; \
@@ -175,11 +180,17 @@ molecule-cluster: image
 	for s in $(filter cluster,$(SCENARIOS)); do $(STAGE) "molecule $$s" molecule/shared/run-scenario.sh $$s || exit 1; done
 
 # Longest first (their times in a warm CI run, BENCHMARKS.md), so that no long
-# one starts last; a scenario not named here goes after them.
+# one starts last; a scenario not named here goes after them. ROLES_BESIDE:
+# scenarios molecule-roles leaves to molecule-roles-beside, which runs them two
+# at a time under NICE (make test sets both).
 ROLE_SCENARIOS_BY_LENGTH := nvidia_driver cuda package_source common firewall ssh_trust preflight
+ROLES_BESIDE ?=
 molecule-roles: image
-	molecule/shared/run-scenarios.sh $(MOLECULE_JOBS) $(filter $(SCENARIOS),$(ROLE_SCENARIOS_BY_LENGTH)) \
-	  $(filter-out cluster $(ROLE_SCENARIOS_BY_LENGTH),$(SCENARIOS))
+	molecule/shared/run-scenarios.sh $(MOLECULE_JOBS) $(filter-out $(ROLES_BESIDE),$(filter $(SCENARIOS),$(ROLE_SCENARIOS_BY_LENGTH)) \
+	  $(filter-out cluster $(ROLE_SCENARIOS_BY_LENGTH),$(SCENARIOS)))
+
+molecule-roles-beside: image
+	$(NICE) molecule/shared/run-scenarios.sh 2 $(ROLES_BESIDE)
 
 clean: down ## Remove the local cluster and the link to the controller venv (its cache stays)
 	rm -rf $(VENV) .venv.stamp
