@@ -48,29 +48,43 @@ if [ "$fault" = revive ]; then
     echo '{"fault": "revive", "done": "node1 hears node2 again; node2 started"}'
     exit 0
 fi
-newest() {
-    podman exec "$node" sh -c "ls $run/checkpoints 2>/dev/null" | sed -n 's/^ckpt_0*\([0-9][0-9]*\)\.pt$/\1/p' | sort -n | tail -n 1
+# Waits on the node itself, in one podman exec polling every 0.1 s, for the
+# job's first checkpoint there, checks that the unit still runs and runs
+# ACTION there at once; prints the checkpoint's step. A 2-epoch job can end
+# within seconds of its first checkpoint: polling from the controller (a
+# podman exec every 0.3 s, each taking seconds on a busy controller) once
+# killed node2's service after node1 had finished, and the fault hit a job
+# already done.
+at_checkpoint() {
+    podman exec "$node" sh -c '
+        run=$1 unit=$2 job=$3 action=$4 deadline=$(($(date +%s) + 600))
+        # A glob, not ls: nothing is started per poll.
+        while set -- "$run"/checkpoints/ckpt_*.pt; [ ! -e "$1" ]; do
+            if [ "$(date +%s)" -gt "$deadline" ]; then echo "no checkpoint of $job after 600 s" >&2; exit 1; fi
+            sleep 0.1
+        done
+        state=$(systemctl show --property=ActiveState --value "$unit")
+        if [ "$state" != active ]; then echo "$job is $state once its first checkpoint exists: too late" >&2; exit 1; fi
+        eval "$action" >&2 || exit 1
+        ls "$run/checkpoints" | sed -n "s/^ckpt_0*\([0-9][0-9]*\)\.pt\$/\1/p" | sort -n | tail -n 1' sh "$run" "$unit" "$job" "$1"
 }
-until step=$(newest) && [ -n "$step" ]; do
-    if (( SECONDS - start > 600 )); then
-        echo "no checkpoint of $job on $node after 600 s" >&2
-        exit 1
-    fi
-    sleep 0.3
-done
-state=$(podman exec "$node" systemctl show --property=ActiveState --value "$unit")
-if [ "$state" != active ]; then
-    echo "$job is $state on $node once its first checkpoint exists: too late to inject $fault" >&2
-    exit 1
-fi
+case $fault in
+    worker|service|container|power|lost|gone) ;;
+    *) echo "unknown fault $fault" >&2; exit 2 ;;
+esac
 case $fault in
     worker)
-        pids=$(podman exec "$node" sh -c "cat $run/worker-rank*.pid" | tr '\n' ' ')
-        podman exec "$node" kill -KILL $pids || exit 1
-        done="kill -KILL $pids" ;;
+        step=$(at_checkpoint 'pids=$(cat "$run"/worker-rank*.pid); echo "kill -KILL $pids"; kill -KILL $pids') || exit 1
+        done="kill -KILL of the worker (its worker-rank*.pid), on the node at its first checkpoint" ;;
     service)
-        podman exec "$node" systemctl kill --signal=KILL "$unit" || exit 1
-        done="systemctl kill --signal=KILL $unit" ;;
+        step=$(at_checkpoint 'systemctl kill --signal=KILL "$unit"') || exit 1
+        done="systemctl kill --signal=KILL $unit, on the node at its first checkpoint" ;;
+    *)
+        # The node as a whole is hit from outside it, right after.
+        step=$(at_checkpoint true) || exit 1 ;;
+esac
+case $fault in
+    worker|service) ;;
     container|power)
         save_address
         t0=$SECONDS
@@ -98,7 +112,6 @@ case $fault in
         killed_at=$(date +%s.%N)
         podman kill --signal KILL "$node" > /dev/null || exit 1
         done="podman kill of $node at ${killed_at}; not started again" ;;
-    *) echo "unknown fault $fault" >&2; exit 2 ;;
 esac
 printf '{"job": "%s", "fault": "%s", "checkpoint_step": %s, "waited_s": %s, "killed_at": %s, "done": "%s"}\n' \
     "$job" "$fault" "$step" "$((SECONDS - start))" "${killed_at:-null}" "$done"
