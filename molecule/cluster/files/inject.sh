@@ -69,19 +69,16 @@ at_checkpoint() {
         ls "$run/checkpoints" | sed -n "s/^ckpt_0*\([0-9][0-9]*\)\.pt\$/\1/p" | sort -n | tail -n 1' sh "$run" "$unit" "$job" "$1"
 }
 case $fault in
-    worker|service|container|power|lost|gone) ;;
-    *) echo "unknown fault $fault" >&2; exit 2 ;;
-esac
-case $fault in
     worker)
         step=$(at_checkpoint 'pids=$(cat "$run"/worker-rank*.pid); echo "kill -KILL $pids"; kill -KILL $pids') || exit 1
         done="kill -KILL of the worker (its worker-rank*.pid), on the node at its first checkpoint" ;;
     service)
         step=$(at_checkpoint 'systemctl kill --signal=KILL "$unit"') || exit 1
         done="systemctl kill --signal=KILL $unit, on the node at its first checkpoint" ;;
-    *)
+    container|power|lost|gone)
         # The node as a whole is hit from outside it, right after.
         step=$(at_checkpoint true) || exit 1 ;;
+    *) echo "unknown fault $fault" >&2; exit 2 ;;
 esac
 case $fault in
     worker|service) ;;
