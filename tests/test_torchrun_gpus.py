@@ -174,3 +174,47 @@ def test_the_drain_waits_on_the_same_running_states_as_the_gpu_choice():
     running = filt.FilterModule().filters()["torchrun_unit_running"]
     assert [s for s in ("active", "activating", "deactivating", "reloading", "inactive", "failed", "")
             if running(s)] == ["active", "activating", "deactivating", "reloading"]
+
+
+def test_the_queue_stops_its_timer_once_empty_and_not_before(tmp_path):
+    """A timer with nothing to do would write a journal line every few seconds for good."""
+    queue = tmp_path / "queue"
+    queue.mkdir()
+    calls = []
+
+    def run(argv):
+        calls.append(argv[1:])
+        return ""
+
+    write(queue / "100-big.json", json.dumps({"want": 2, "nproc": 0, "gpus_dir": str(tmp_path)}))
+    assert not gpus.stop_timer_when_empty(str(queue), run) and calls == []
+    (queue / "100-big.json").unlink()
+    write(queue / "junk.json", "{}")  # not an entry: the queue is empty
+    assert gpus.stop_timer_when_empty(str(queue), run)
+    assert calls == [["stop", gpus.TIMER]]
+
+
+def test_an_entry_written_while_the_timer_stops_starts_it_again(tmp_path):
+    queue = tmp_path / "queue"
+    queue.mkdir()
+    calls = []
+
+    def run(argv):
+        calls.append(argv[1:])
+        if argv[1] == "stop":  # train.yml queues a job just as the runner stops the timer
+            write(queue / "200-late.json", json.dumps({"want": 1, "nproc": 0, "gpus_dir": str(tmp_path)}))
+        return ""
+
+    assert not gpus.stop_timer_when_empty(str(queue), run)
+    assert calls == [["stop", gpus.TIMER], ["start", gpus.TIMER]]
+
+
+def test_the_runner_says_when_the_queue_is_empty_and_its_timer_stops(tmp_path, capsys):
+    config, queue = tmp_path / "jobs", tmp_path / "queue"
+    config.mkdir()
+    queue.mkdir()
+    calls = []
+    assert gpus.main([str(queue), str(config), NAMES["gpus"], NAMES["nproc_per_node"]],
+                     lambda argv: calls.append(argv) or "") == 0
+    assert calls == [["systemctl", "stop", gpus.TIMER]]
+    assert f"empty here; {gpus.TIMER} stops" in capsys.readouterr().out

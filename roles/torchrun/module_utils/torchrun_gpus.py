@@ -29,6 +29,8 @@ from typing import Any
 # A job's name, as torchrig_job_name_pattern says (it names the unit and the files).
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 UNIT = "torchrig-job@{}.service"
+# The queue's timer (tasks/queue.yml): it runs only while the queue holds a job.
+TIMER = "torchrig-queue.timer"
 # systemd's ActiveState values of a unit that holds (or is about to hold, or still holds)
 # its processes, hence its GPUs (as module_utils/torchrun_net.py's RUNNING_STATES).
 RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
@@ -272,12 +274,29 @@ def run_queue(queue_dir: str, config_dir: str, names: Mapping[str, str], run: Ru
     return started
 
 
-def main(argv: Sequence[str]) -> int:
+def stop_timer_when_empty(queue_dir: str, run: Run = _run) -> bool:
+    """Stop the queue's timer once the queue is empty, and say whether it stopped.
+
+    A timer left running with nothing to do would add a journal line every few seconds for
+    as long as the node runs. train.yml starts it again after it writes an entry; an entry
+    written while this runs is seen by the second look, which starts the timer again."""
+    if queue_entries(queue_dir):
+        return False
+    run(["systemctl", "stop", TIMER])
+    if queue_entries(queue_dir):
+        run(["systemctl", "start", TIMER])
+        return False
+    return True
+
+
+def main(argv: Sequence[str], run: Run = _run) -> int:
     """torchrig-queue.service: `torchrun_gpus.py QUEUE_DIR CONFIG_DIR GPUS_NAME NPROC_NAME` (the
     job contract's names of the GPU list and of the processes per node)."""
     queue_dir, config_dir = argv[0], argv[1]
-    for job in run_queue(queue_dir, config_dir, {"gpus": argv[2], "nproc_per_node": argv[3]}):
+    for job in run_queue(queue_dir, config_dir, {"gpus": argv[2], "nproc_per_node": argv[3]}, run):
         print(f"torchrig queue: started job {job}: its GPUs are free here")
+    if stop_timer_when_empty(queue_dir, run):
+        print(f"torchrig queue: empty here; {TIMER} stops until train.yml queues a job")
     return 0
 
 
