@@ -5,6 +5,7 @@ task title it must not reach. A title that no role has any more is never printed
 check would pass whatever the playbook did: a renamed task must take its markers along.
 """
 
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,11 +29,13 @@ def task_names(node: object) -> Iterator[str]:
             yield from task_names(node.get(key))
 
 
-def role_titles(role: str) -> list[str]:
-    titles = []
+# Read once per role: every marker of a role asks the same.
+@functools.cache
+def role_titles(role: str) -> tuple[str, ...]:
+    titles: list[str] = []
     for path in sorted((REPO / "roles" / role / "tasks").glob("*.yml")):
         titles += task_names(yaml.safe_load(path.read_text()))
-    return titles
+    return tuple(titles)
 
 
 def markers() -> list[tuple[str, str, str | None]]:

@@ -71,6 +71,23 @@ def write(path, text):
     return path
 
 
+def queue_entry(queue, at, name, want, gpus_dir):
+    """A queue entry as tasks/queue.yml writes it: <submit time>-<job>.json."""
+    return write(queue / f"{at}-{name}.json", json.dumps({"want": want, "nproc": 0, "gpus_dir": str(gpus_dir)}))
+
+
+def timer_calls(on_stop=None):
+    """A stand-in for systemctl that records its arguments; on_stop runs at a stop."""
+    calls = []
+
+    def run(argv):
+        calls.append(argv[1:])
+        if argv[1] == "stop" and on_stop:
+            on_stop()
+        return ""
+    return calls, run
+
+
 def test_the_gpus_held_are_read_from_running_units_only(tmp_path):
     for name in ("a", "b"):
         write(tmp_path / f"{name}.env", "x=1\n")
@@ -117,7 +134,7 @@ def test_the_queue_starts_jobs_first_come_first_served(tmp_path):
     write(config / "a.gpus", f"{GPUS}=1\n")
     # big came first and needs both GPUs: small (one GPU, free now) must not pass it.
     for at, name, want in ((100, "big", 2), (200, "small", 1)):
-        write(queue / f"{at}-{name}.json", json.dumps({"want": want, "nproc": 0, "gpus_dir": str(gpus_dir)}))
+        queue_entry(queue, at, name, want, gpus_dir)
     write(queue / "junk.json", "{}")
     started = []
 
@@ -180,15 +197,10 @@ def test_the_queue_stops_its_timer_once_empty_and_not_before(tmp_path):
     """A timer with nothing to do would write a journal line every few seconds for good."""
     queue = tmp_path / "queue"
     queue.mkdir()
-    calls = []
-
-    def run(argv):
-        calls.append(argv[1:])
-        return ""
-
-    write(queue / "100-big.json", json.dumps({"want": 2, "nproc": 0, "gpus_dir": str(tmp_path)}))
+    calls, run = timer_calls()
+    entry = queue_entry(queue, 100, "big", 2, tmp_path)
     assert not gpus.stop_timer_when_empty(str(queue), run) and calls == []
-    (queue / "100-big.json").unlink()
+    entry.unlink()
     write(queue / "junk.json", "{}")  # not an entry: the queue is empty
     assert gpus.stop_timer_when_empty(str(queue), run)
     assert calls == [["stop", gpus.TIMER]]
@@ -197,14 +209,8 @@ def test_the_queue_stops_its_timer_once_empty_and_not_before(tmp_path):
 def test_an_entry_written_while_the_timer_stops_starts_it_again(tmp_path):
     queue = tmp_path / "queue"
     queue.mkdir()
-    calls = []
-
-    def run(argv):
-        calls.append(argv[1:])
-        if argv[1] == "stop":  # train.yml queues a job just as the runner stops the timer
-            write(queue / "200-late.json", json.dumps({"want": 1, "nproc": 0, "gpus_dir": str(tmp_path)}))
-        return ""
-
+    # train.yml queues a job just as the runner stops the timer.
+    calls, run = timer_calls(on_stop=lambda: queue_entry(queue, 200, "late", 1, tmp_path))
     assert not gpus.stop_timer_when_empty(str(queue), run)
     assert calls == [["stop", gpus.TIMER], ["start", gpus.TIMER]]
 
