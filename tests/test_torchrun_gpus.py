@@ -2,11 +2,14 @@
 and the queue that starts a job when its GPUs free (roles/torchrun/module_utils/torchrun_gpus.py).
 systemd is stood in for by its `systemctl show` text; the cluster scenario runs the real one."""
 
+import contextlib
 import json
 import os
 import pwd
 import shutil
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -224,3 +227,141 @@ def test_the_runner_says_when_the_queue_is_empty_and_its_timer_stops(tmp_path, c
                      lambda argv: calls.append(argv) or "") == 0
     assert calls == [["systemctl", "stop", gpus.TIMER]]
     assert f"empty here; {gpus.TIMER} stops" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ the claim as a unit starts
+
+
+def on(*held, nproc=0):
+    """A .gpus file holding these GPUs."""
+    return gpus.gpus_env(list(held), nproc, NAMES)
+
+
+def claim_node(tmp_path, files, states=None):
+    """A node's config directory with <job>.env and the .gpus files given, two stand-in GPUs,
+    and a stand-in systemctl: each job's (ActiveState, SubState, InvocationID) from `states`,
+    by default running since before (active, running)."""
+    config, gpus_dir = tmp_path / "jobs", tmp_path / "gpus"
+    for d in (config, gpus_dir / "0000:3b:00.0", gpus_dir / "0000:5e:00.0"):
+        d.mkdir(parents=True)
+    for name, text in files.items():
+        write(config / f"{name}.env", "")
+        if text is not None:
+            write(config / f"{name}.gpus", text)
+    states = states or {}
+
+    def show(argv):
+        out = []
+        for unit in argv[3:]:
+            active, sub, invocation = states.get(unit.split("@")[1][:-8], ("active", "running", "i0"))
+            out.append(f"Id={unit}\nActiveState={active}\nSubState={sub}\nInvocationID={invocation}\n"
+                       "ActiveEnterTimestampMonotonic=0")
+        return "\n\n".join(out)
+    return config, gpus_dir, show
+
+
+def test_a_unit_that_starts_keeps_the_gpus_it_was_given(tmp_path):
+    config, gpus_dir, show = claim_node(tmp_path, {"a": on(1), "b": on(0)})
+    done = gpus.claim("a", str(config), str(gpus_dir), NAMES, show, lock=str(tmp_path / "lock"))
+    assert done == "job a holds GPU 1 here"
+    assert (config / "a.gpus").read_text() == on(1)
+
+
+def test_gpus_a_job_started_at_the_same_moment_took_are_swapped_for_free_ones(tmp_path):
+    # Both train.yml runs saw GPU 0 free; b's unit started first and holds it.
+    config, gpus_dir, show = claim_node(tmp_path, {"a": on(0, nproc=2), "b": on(0)})
+    done = gpus.claim("a", str(config), str(gpus_dir), NAMES, show, lock=str(tmp_path / "lock"))
+    assert done == "job a holds GPU 1 here: GPU 0 went to another job that started at the same time"
+    # The job's own process count (nproc 2: no line of torchrig's) is kept.
+    assert (config / "a.gpus").read_text() == on(1, nproc=2)
+    assert NAMES["nproc_per_node"] not in (config / "a.gpus").read_text()
+    assert not (config / "a.refused").exists()
+
+
+def test_a_start_that_finds_its_gpus_taken_and_none_free_is_refused_saying_why(tmp_path, capsys):
+    config, gpus_dir, show = claim_node(tmp_path, {"a": on(0, 1), "b": on(1)})
+    argv = ["claim", "a", str(config), str(gpus_dir), NAMES["gpus"], NAMES["nproc_per_node"]]
+    assert gpus.main(argv, show, lock=str(tmp_path / "lock")) == 1
+    said = capsys.readouterr().err
+    assert said.startswith("torchrig GPUs: Job a asks for 2 GPUs per node but 1 of the 2 here are free as it starts")
+    assert "job b holds GPU 1 since a moment ago" in said and "-e queue=true" in said
+    assert (config / "a.refused").read_text() == said.removeprefix("torchrig GPUs: ")
+    # Nothing of the job's own was changed.
+    assert (config / "a.gpus").read_text() == on(0, 1)
+
+
+def test_two_units_starting_at_once_claim_one_after_the_other(tmp_path):
+    """Both were given GPU 0 by train.yml runs started together, and both units are in
+    ExecStartPre. Each claim asks systemd at the same moment where it can (a barrier both
+    must reach, given up after 1 s): without the node's lock neither would see the other's
+    claim, and both would keep GPU 0. With it, the first gives up waiting and goes on alone."""
+    starting = {"a": ("activating", "start-pre", "ia"), "b": ("activating", "start-pre", "ib")}
+    config, gpus_dir, show = claim_node(tmp_path, {"a": on(0), "b": on(0)}, starting)
+    together = threading.Barrier(2)
+
+    def show_together(argv):
+        with contextlib.suppress(threading.BrokenBarrierError):
+            together.wait(timeout=1)
+        return show(argv)
+
+    lock = str(tmp_path / "lock")
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda j: gpus.claim(j, str(config), str(gpus_dir), NAMES, show_together, lock=lock,
+                                           invocation=starting[j][2]), ["a", "b"]))
+    held = {j: gpus.parse_env((config / f"{j}.gpus").read_text())[GPUS] for j in ("a", "b")}
+    assert sorted(held.values()) == ["0", "1"], held
+
+
+def test_a_job_without_a_gpu_file_claims_nothing(tmp_path):
+    config, gpus_dir, show = claim_node(tmp_path, {"cpu": None})
+    done = gpus.claim("cpu", str(config), str(gpus_dir), NAMES, show, lock=str(tmp_path / "lock"))
+    assert done == "job cpu holds no GPUs here"
+    assert not (config / "cpu.gpus").exists()
+
+
+def test_the_queue_keeps_an_entry_whose_start_was_refused(tmp_path):
+    config, queue, gpus_dir = tmp_path / "jobs", tmp_path / "queue", tmp_path / "gpus"
+    for d in (config, queue, gpus_dir / "0000:3b:00.0"):
+        d.mkdir(parents=True)
+    write(config / "q.env", "")
+    queue_entry(queue, 100, "q", 1, gpus_dir)
+    calls = []
+
+    def run(argv):
+        calls.append(argv[1:3])
+        if argv[1] == "enable":  # the unit's claim found its GPU taken meanwhile
+            write(config / "q.refused", "taken\n")
+        return "Id=torchrig-job@q.service\nActiveState=inactive\nSubState=dead\n" if argv[1] == "show" else ""
+
+    assert gpus.run_queue(str(queue), str(config), NAMES, run) == []
+    assert ["disable", "--now"] in calls
+    assert [e["job"] for e in gpus.queue_entries(str(queue))] == ["q"]
+
+
+def test_a_unit_holds_its_gpus_once_its_claim_took_them(tmp_path):
+    """In ExecStartPre (perhaps waiting for the node's lock) or waiting to restart after a
+    refusal, a unit holds nothing; once its claim has written its invocation, it does."""
+    states = {"a": ("activating", "start-pre", "ia"), "b": ("activating", "auto-restart", "ib"),
+              "c": ("active", "running", "ic")}
+    config, gpus_dir, show = claim_node(tmp_path, {"a": on(0), "b": on(1), "c": on(1)}, states)
+    write(config / "b.claimed", "an-earlier-invocation\n")
+    held = {j["job"]: j["gpus"] for j in gpus.node_jobs(str(config), GPUS, show)}
+    assert held == {"a": [], "b": [], "c": [1]}
+    write(config / "a.claimed", "ia\n")
+    assert {j["job"]: j["gpus"] for j in gpus.node_jobs(str(config), GPUS, show)}["a"] == [0]
+
+
+def test_of_two_units_asking_for_every_gpu_at_once_the_first_claim_wins(tmp_path):
+    """Both in ExecStartPre, both given both GPUs: the first claim takes them; the second is
+    refused, and while it waits to restart it holds none. (Before units held GPUs only from
+    their claim on, each saw the other's and both were refused.)"""
+    states = {"x": ("activating", "start-pre", "ix"), "y": ("activating", "start-pre", "iy")}
+    config, gpus_dir, show = claim_node(tmp_path, {"x": on(0, 1), "y": on(0, 1)}, states)
+    lock = str(tmp_path / "lock")
+    done = gpus.claim("x", str(config), str(gpus_dir), NAMES, show, lock=lock, invocation="ix")
+    assert done == "job x holds GPU 0,1 here"
+    with pytest.raises(gpus.GpuError, match=r"Job y asks for 2 GPUs .* \(job x holds GPU 0,1 since"):
+        gpus.claim("y", str(config), str(gpus_dir), NAMES, show, lock=lock, invocation="iy")
+    states["y"] = ("activating", "auto-restart", "iy")
+    held = {j["job"]: j["gpus"] for j in gpus.node_jobs(str(config), GPUS, show)}
+    assert held == {"x": [0, 1], "y": []}

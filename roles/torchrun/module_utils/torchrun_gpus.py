@@ -6,10 +6,16 @@ just before the unit starts); the GPUs held are those files' of the units that s
 reports running. A job that ends, fails or is stopped frees its GPUs at once, and after a
 reboot only the units that run again hold any.
 
-One file, used three ways: the torchrun_jobs module imports it (ansible.module_utils), the
-controller's filter plugin loads it by path, and the queue runner on each node
-(torchrig-queue.service, as root, with the system's python3) runs it as a script. Standard
-library only, no Ansible import: tests import it directly.
+The controller's choice is made from what ran when train.yml looked; two train.yml runs
+started at once both saw the same GPUs free. So each GPU job's unit claims its GPUs as it
+starts (`claim`, its ExecStartPre, as root), one unit at a time under a lock of the node's:
+GPUs another running job took meanwhile are swapped for free ones, and where too few are
+left the start is refused with the reason in `<job>.refused`.
+
+One file, used four ways: the torchrun_jobs module imports it (ansible.module_utils), the
+controller's filter plugin loads it by path, and on each node (as root, with the system's
+python3) the queue runner (torchrig-queue.service) and each GPU job's claim run it as a
+script. Standard library only, no Ansible import: tests import it directly.
 
 Whatever a node says is untrusted input for the controller: unit names and file contents
 are checked where they are read (job names by pattern, GPU lists as whole numbers).
@@ -17,6 +23,8 @@ are checked where they are read (job names by pattern, GPU lists as whole number
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -34,7 +42,11 @@ TIMER = "torchrig-queue.timer"
 # systemd's ActiveState values of a unit that holds (or is about to hold, or still holds)
 # its processes, hence its GPUs (as module_utils/torchrun_net.py's RUNNING_STATES).
 RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
+# SubStates of a running unit that may not have claimed its GPUs yet (see _holds).
+CLAIMING_STATES = ("start-pre", "auto-restart")
 GPU_LIST = re.compile(r"(?:[0-9]{1,3}(?:,[0-9]{1,3})*)?")
+# Held while a unit claims its GPUs (claim()): one claim at a time per node.
+LOCK = "/run/torchrig-gpus.lock"
 # A queue entry's file name: the controller's submit time (ns), then the job.
 ENTRY = re.compile(r"([0-9]{1,20})-([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.json")
 
@@ -119,21 +131,33 @@ def node_jobs(config_dir: str, gpus_name: str, run: Run = _run, now: float | Non
         return []
     now = time.time() if now is None else now
     mono_now = time.monotonic() if mono_now is None else mono_now
-    shown = parse_show(run(["systemctl", "show", "--property=Id,ActiveState,SubState,ActiveEnterTimestampMonotonic",
+    shown = parse_show(run(["systemctl", "show",
+                            "--property=Id,ActiveState,SubState,ActiveEnterTimestampMonotonic,InvocationID",
                             *[UNIT.format(j) for j in jobs]]))
     out = []
     for job in jobs:
         props = shown.get(UNIT.format(job), {})
-        active = props.get("ActiveState", "inactive")
+        active, sub = props.get("ActiveState", "inactive"), props.get("SubState", "dead")
         running = active in RUNNING_STATES
         try:
             gpus = parse_gpus(parse_env(_read(os.path.join(config_dir, f"{job}.gpus"))).get(gpus_name, ""))
         except ValueError:
             gpus = []
-        out.append({"job": job, "state": f"{active}/{props.get('SubState', 'dead')}", "running": running,
+        out.append({"job": job, "state": f"{active}/{sub}", "running": running,
                     "since": started_at(props.get("ActiveEnterTimestampMonotonic", "0"), now, mono_now),
-                    "gpus": gpus if running else []})
+                    "gpus": gpus if running and _holds(config_dir, job, sub, props.get("InvocationID", "")) else []})
     return out
+
+
+def _holds(config_dir: str, job: str, sub: str, invocation: str) -> bool:
+    """Whether a unit that systemd says runs holds its GPUs. Not before its claim has taken
+    them: a unit in ExecStartPre (start-pre) may still wait for the node's lock, and one
+    waiting to restart (auto-restart) may have been refused; either holds them only where
+    `<job>.claimed` names its current invocation. Counted as holding, two units starting at
+    once each saw the other's and both were refused."""
+    if sub not in CLAIMING_STATES:
+        return True
+    return bool(invocation) and _read(os.path.join(config_dir, f"{job}.claimed")).strip() == invocation
 
 
 def count_gpus(gpus_dir: str) -> int:
@@ -155,6 +179,12 @@ def holders(jobs: Iterable[Mapping[str, Any]], job: str = "") -> list[Mapping[st
     """The running jobs other than `job` that hold GPUs, oldest first."""
     return sorted((j for j in jobs if j.get("running") and j.get("gpus") and j.get("job") != job),
                   key=lambda j: (j.get("since", 0), j.get("job", "")))
+
+
+def held_by(jobs: Iterable[Mapping[str, Any]], job: str) -> str:
+    """'job a holds GPU 0 since ...; job b holds ...': who holds the GPUs job cannot have."""
+    return "; ".join(f"job {j['job']} holds GPU {','.join(map(str, j['gpus']))} since {_when(int(j.get('since', 0)))}"
+                     for j in holders(jobs, job))
 
 
 def free_gpus(total: int, jobs: Iterable[Mapping[str, Any]], job: str = "") -> list[int]:
@@ -183,8 +213,7 @@ def choose(total: int, jobs: Sequence[Mapping[str, Any]], want: Any, job: str, h
     free = free_gpus(total, jobs, job)
     if need <= len(free):
         return free[:need]
-    held = "; ".join(f"job {j['job']} holds GPU {','.join(map(str, j['gpus']))} since {_when(int(j.get('since', 0)))}"
-                     for j in holders(jobs, job))
+    held = held_by(jobs, job)
     raise GpuError(
         f"Job {job} asks for {need} GPUs per node but {host} has {len(free)} of {total} free ({held}). "
         "Wait for one of them to end, stop one with playbooks/stop.yml -e job=NAME, ask for fewer with "
@@ -212,6 +241,61 @@ def gpus_env(gpus: Sequence[int], nproc: int, names: Mapping[str, str]) -> str:
     if int(nproc) == 0:
         lines.append(f"{names['nproc_per_node']}={max(len(gpus), 1)}")
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ the claim at start
+
+
+def claim(job: str, config_dir: str, gpus_dir: str, names: Mapping[str, str], run: Run = _run,
+          lock: str = LOCK, invocation: str = "") -> str:
+    """Make job's GPUs on this node its own as its unit starts; returns what was done.
+
+    Under the node's lock, so that two units starting at once claim one after the other: the
+    first is then `activating` with its GPUs, which the second sees. GPUs that another running
+    job holds are swapped for free ones (the same number); GpuError, its message also in
+    `<job>.refused`, when too few are free. A job without a .gpus file (CPU, or not a job of
+    torchrig's GPU choice) claims nothing. `invocation` is the unit's InvocationID (systemd's
+    $INVOCATION_ID), written to `<job>.claimed` once the GPUs are taken."""
+    gpus_file = os.path.join(config_dir, f"{job}.gpus")
+    refused = os.path.join(config_dir, f"{job}.refused")
+    claimed = os.path.join(config_dir, f"{job}.claimed")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        text = _read(gpus_file)
+        if not text:
+            return f"job {job} holds no GPUs here"
+        env = parse_env(text)
+        mine = parse_gpus(env.get(names["gpus"], ""))
+        jobs = node_jobs(config_dir, names["gpus"], run)
+        total = count_gpus(gpus_dir)
+        free = free_gpus(total, jobs, job)
+        _remove(claimed)
+        if set(mine) <= set(free):
+            _remove(refused)
+            _write(claimed, invocation + "\n", gpus_file)
+            return f"job {job} holds GPU {','.join(map(str, mine))} here"
+        if len(mine) <= len(free):
+            # The nproc line is in the file only where the job runs one process per GPU.
+            _write(gpus_file, gpus_env(free[:len(mine)], 0 if names["nproc_per_node"] in env else 1, names), gpus_file)
+            _remove(refused)
+            _write(claimed, invocation + "\n", gpus_file)
+            taken = sorted(set(mine) - set(free))
+            return (f"job {job} holds GPU {','.join(map(str, free[:len(mine)]))} here: GPU "
+                    f"{','.join(map(str, taken))} went to another job that started at the same time")
+        held = held_by(jobs, job)
+        message = (f"Job {job} asks for {len(mine)} GPUs per node but {len(free)} of the {total} here "
+                   f"are free as it starts: another job started at the same time took them ({held}). Start it again, "
+                   "or queue it with -e queue=true.")
+        _write(refused, message + "\n", gpus_file)
+        raise GpuError(message)
+    finally:
+        os.close(fd)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 # ------------------------------------------------------------------ the queue
@@ -269,6 +353,11 @@ def run_queue(queue_dir: str, config_dir: str, names: Mapping[str, str], run: Ru
         _write(os.path.join(config_dir, f"{entry['job']}.gpus"), gpus_env(free[:entry["want"]], entry["nproc"], names),
                env)
         run(["systemctl", "enable", "--now", UNIT.format(entry["job"])])
+        if os.path.exists(os.path.join(config_dir, f"{entry['job']}.refused")):
+            # A train.yml start took the GPUs between this look and the unit's claim: the
+            # entry stays, and the unit does not retry by itself (Restart=) before its turn.
+            run(["systemctl", "disable", "--now", UNIT.format(entry["job"])])
+            break
         os.unlink(path)
         started.append(entry["job"])
     return started
@@ -289,9 +378,23 @@ def stop_timer_when_empty(queue_dir: str, run: Run = _run) -> bool:
     return True
 
 
-def main(argv: Sequence[str], run: Run = _run) -> int:
+def main(argv: Sequence[str], run: Run = _run, lock: str = LOCK) -> int:
     """torchrig-queue.service: `torchrun_gpus.py QUEUE_DIR CONFIG_DIR GPUS_NAME NPROC_NAME` (the
-    job contract's names of the GPU list and of the processes per node)."""
+    job contract's names of the GPU list and of the processes per node).
+    A GPU job's ExecStartPre: `torchrun_gpus.py claim JOB CONFIG_DIR GPUS_DIR GPUS_NAME NPROC_NAME`."""
+    if argv[0] == "claim":
+        job, config_dir, gpus_dir = argv[1], argv[2], argv[3]
+        if not JOB_NAME.fullmatch(job):
+            print(f"torchrig GPUs: not a job name: {job[:80]!r}", file=sys.stderr)
+            return 2
+        names = {"gpus": argv[4], "nproc_per_node": argv[5]}
+        invocation = os.environ.get("INVOCATION_ID", "")
+        try:
+            print("torchrig GPUs:", claim(job, config_dir, gpus_dir, names, run, lock, invocation))
+        except GpuError as e:
+            print(f"torchrig GPUs: {e}", file=sys.stderr)
+            return 1
+        return 0
     queue_dir, config_dir = argv[0], argv[1]
     for job in run_queue(queue_dir, config_dir, {"gpus": argv[2], "nproc_per_node": argv[3]}, run):
         print(f"torchrig queue: started job {job}: its GPUs are free here")
