@@ -127,8 +127,11 @@ demo: ## Set up, start 2 nodes, provision them, train across both, print the res
 # scenario runs in the first part. Where no such cgroup can be made (not root,
 # Linux < 5.15) lint runs with the first group and the playbook tests at nice
 # 10. The first part's role scenarios run three at a time: they wait on SSH
-# and apt more than they compute.
-ROLES_BESIDE_CLUSTER := package_source common ssh_trust preflight
+# and apt more than they compute. The first part's end is the cluster's start,
+# so every role scenario that reads no clock (no node restart, no timed probe)
+# goes beside the cluster: cuda moved there on 2026-12-07, when the first part
+# had grown to 558 s and the whole run to 1,780 s.
+ROLES_BESIDE_CLUSTER := package_source cuda common ssh_trust preflight
 test: setup image ## All tests: lint, Python tests, every molecule scenario
 	if .ci/idle --check 2> /dev/null; then \
 	  beside=; if .ci/idle --containers 2> /dev/null; then beside='$(filter $(SCENARIOS),$(ROLES_BESIDE_CLUSTER))'; fi; \
