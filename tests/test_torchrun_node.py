@@ -15,6 +15,7 @@ from conftest import run
 from rolepy import FIXTURES, ROOT, load
 
 node = load("roles/torchrun/module_utils/torchrun_net.py", "torchrun_net")
+units = load("roles/torchrun/module_utils/torchrun_gpus.py", "torchrun_gpus")
 CONTRACT = load("roles/torchrig/filter_plugins/torchrig_contract.py", "torchrig_contract").contract()
 ENV, FILES = CONTRACT["env"], CONTRACT["files"]
 
@@ -44,11 +45,11 @@ def test_an_address_no_interface_holds_is_named_with_what_the_node_has():
 
 
 def test_gpus_are_counted_from_the_drivers_proc_entries(tmp_path):
-    assert node.count_gpus(str(tmp_path / "absent")) == 0
+    assert units.count_gpus(str(tmp_path / "absent")) == 0
     for bus in ("0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0"):
         (tmp_path / bus).mkdir()
     (tmp_path / "README").write_text("not a GPU")
-    assert node.count_gpus(str(tmp_path)) == 3
+    assert units.count_gpus(str(tmp_path)) == 3
 
 
 def env(port: int, is_host: int) -> str:
@@ -65,12 +66,12 @@ def test_a_port_is_taken_only_by_jobs_that_host_their_rendezvous_on_it():
 
 def test_a_job_that_ended_for_good_is_over_while_systemd_still_stops_its_unit():
     fatal = {"file": FILES["fatal"], "kind": "usage error"}
-    assert node.job_running("active", {})
-    assert node.job_running("deactivating", {})
-    assert not node.job_running("deactivating", fatal)
-    assert not node.job_running("active", {"file": FILES["ended"], "kind": "nodes missing"})
-    assert not node.job_running("failed", {})
-    assert not node.job_running(None, {})
+    assert units.job_running("active", {})
+    assert units.job_running("deactivating", {})
+    assert not units.job_running("deactivating", fatal)
+    assert not units.job_running("active", {"file": FILES["ended"], "kind": "nodes missing"})
+    assert not units.job_running("failed", {})
+    assert not units.job_running(None, {})
 
 
 NFT = FIXTURES / "nft"

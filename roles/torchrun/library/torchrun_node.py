@@ -14,10 +14,8 @@ import shutil
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.torchrun_gpus import NVIDIA_GPUS_DIR, RUNNING_STATES, count_gpus
 from ansible.module_utils.torchrun_net import (
-    NVIDIA_GPUS_DIR,
-    RUNNING_STATES,
-    count_gpus,
     interface_of,
     jobs_hosting_port,
     nft_set_ranges,

@@ -39,8 +39,10 @@ JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 UNIT = "torchrig-job@{}.service"
 # The queue's timer (tasks/queue.yml): it runs only while the queue holds a job.
 TIMER = "torchrig-queue.timer"
-# systemd's ActiveState values of a unit that holds (or is about to hold, or still holds)
-# its processes, hence its GPUs (as module_utils/torchrun_net.py's RUNNING_STATES).
+# Where the loaded NVIDIA driver lists the GPUs it sees, one directory each.
+NVIDIA_GPUS_DIR = "/proc/driver/nvidia/gpus"
+# systemd's ActiveState values of a job unit that holds (or is about to hold, or still
+# holds) the job's processes, hence its GPUs: such a job counts as running.
 RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
 # SubStates of a running unit that may not have claimed its GPUs yet (see _holds).
 CLAIMING_STATES = ("start-pre", "auto-restart")
@@ -160,7 +162,18 @@ def _holds(config_dir: str, job: str, sub: str, invocation: str) -> bool:
     return bool(invocation) and _read(os.path.join(config_dir, f"{job}.claimed")).strip() == invocation
 
 
-def count_gpus(gpus_dir: str) -> int:
+def job_running(active_state: str | None, ended: dict) -> bool:
+    """Whether this node's part of a job still runs.
+
+    A part that has ended for good (`ended`: one of the contract's end files) is over even
+    while systemd is still stopping its unit: the stop waits for every process of the
+    unit to go, up to TimeoutStopSec (120 s), and was seen to wait that long after the
+    job had ended and written why.
+    """
+    return active_state in RUNNING_STATES and not ended
+
+
+def count_gpus(gpus_dir: str = NVIDIA_GPUS_DIR) -> int:
     """GPUs the loaded NVIDIA driver sees: one directory per GPU (by PCI address)."""
     try:
         return len([e for e in os.scandir(gpus_dir) if e.is_dir()])

@@ -1,5 +1,6 @@
 """The torchrun_node module's logic as plain functions: the cluster address's interface,
-the GPU count, the firewall's peers. Kept apart from the module so that tests import them
+the firewall's peers, the jobs on a port (the GPU count and the units' states are in
+torchrun_gpus.py). Kept apart from the module so that tests import them
 without Ansible (whose module_utils patch sys.intern, which torch's compiler then refuses).
 """
 
@@ -7,24 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import re
-
-NVIDIA_GPUS_DIR = "/proc/driver/nvidia/gpus"
-# systemd's ActiveState values of a job unit that holds (or is about to hold, or still
-# holds) the job's processes: such a job counts as running.
-RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
-
-
-def job_running(active_state: str | None, ended: dict) -> bool:
-    """Whether this node's part of a job still runs.
-
-    A part that has ended for good (`ended`: one of the contract's end files) is over even
-    while systemd is still stopping its unit: the stop waits for every process of the
-    unit to go, up to TimeoutStopSec (120 s), and was seen to wait that long after the
-    job had ended and written why.
-    """
-    return active_state in RUNNING_STATES and not ended
 
 
 def parse_addresses(text: str) -> dict[str, str]:
@@ -42,14 +26,6 @@ def interface_of(address: str, addresses: dict[str, str]) -> str:
         raise ValueError(f"no interface holds the cluster address {address or '(none given)'} (this node has "
                          f"{', '.join(sorted(addresses)) or 'no IPv4 address'})")
     return addresses[address]
-
-
-def count_gpus(gpus_dir: str = NVIDIA_GPUS_DIR) -> int:
-    """GPUs the loaded NVIDIA driver sees: one directory per GPU (by PCI address)."""
-    try:
-        return len([e for e in os.scandir(gpus_dir) if e.is_dir()])
-    except OSError:
-        return 0
 
 
 def jobs_hosting_port(envs: dict[str, str], port: int, names: dict[str, str]) -> list[str]:
