@@ -22,7 +22,7 @@ SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/m
 # Runs a test stage and records its wall time when TORCHRIG_STAGES names a file.
 STAGE := .ci/stage
 
-.PHONY: help setup venv host image up down demo test check lint pytest pytest-training pytest-nodes pytest-playbooks molecule molecule-cluster molecule-cluster-up molecule-cluster-rest molecule-roles molecule-roles-beside clean
+.PHONY: help setup venv host image up down demo test check lint pytest pytest-training pytest-nodes pytest-playbooks molecule molecule-cluster molecule-roles molecule-roles-beside clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -112,13 +112,12 @@ demo: ## Set up, start 2 nodes, provision them, train across both, print the res
 	ansible-playbook provision.yml
 	ansible-playbook train.yml -e nodes=2
 
-# The training tests, the playbook tests that start nodes, the longer role
-# scenarios and the cluster scenario's first part (provisioning, which reads no
-# clock) side by side; then the cluster scenario's timed rest, with lint, the
-# other playbook tests and the shorter role scenarios beside it. On 2 cores the
+# The training tests, the playbook tests that start nodes and the longer role
+# scenarios side by side; then the cluster scenario, with lint, the other
+# playbook tests and the shorter role scenarios beside it. On 2 cores the
 # suite is CPU-bound, and the cluster's fault checks are timed: run beside the
-# first group (at any CPU share) the whole cluster scenario ran past its 25 min
-# limit or starved pytest. Its rest leaves about a third of the CPU idle, and what runs
+# first group (at any CPU share) the cluster ran past its 25 min limit or
+# starved pytest. It leaves about a third of the CPU idle, and what runs
 # beside it takes from that first: lint, which reads no clock, only the CPU
 # time nobody else wants; the playbook tests and ROLES_BESIDE in a CPU cgroup
 # of a tenth of the usual weight, so that their runs (timed out only after
@@ -131,15 +130,13 @@ demo: ## Set up, start 2 nodes, provision them, train across both, print the res
 # and apt more than they compute. The first part's end is the cluster's start,
 # so every role scenario that reads no clock (no node restart, no timed probe)
 # goes beside the cluster: cuda moved there on 2026-12-07, when the first part
-# had grown to 558 s and the whole run to 1,780 s; the cluster's first part
-# moved into the first group then too (it had waited for the first group's end
-# and then run about 420 s with the CPU a third idle).
+# had grown to 558 s and the whole run to 1,780 s.
 ROLES_BESIDE_CLUSTER := package_source cuda common ssh_trust preflight
 test: setup image ## All tests: lint, Python tests, every molecule scenario
 	if .ci/idle --check 2> /dev/null; then \
 	  beside=; if .ci/idle --containers 2> /dev/null; then beside='$(filter $(SCENARIOS),$(ROLES_BESIDE_CLUSTER))'; fi; \
-	  $(MAKE) --no-print-directory -j4 --output-sync=target pytest-training pytest-nodes molecule-roles molecule-cluster-up MOLECULE_JOBS=3 ROLES_BESIDE="$$beside" && \
-	  $(MAKE) --no-print-directory -j4 --output-sync=target molecule-cluster-rest lint pytest-playbooks molecule-roles-beside ROLES_BESIDE="$$beside" \
+	  $(MAKE) --no-print-directory -j3 --output-sync=target pytest-training pytest-nodes molecule-roles MOLECULE_JOBS=3 ROLES_BESIDE="$$beside" && \
+	  $(MAKE) --no-print-directory -j4 --output-sync=target molecule-cluster lint pytest-playbooks molecule-roles-beside ROLES_BESIDE="$$beside" \
 	    IDLE=.ci/idle NICE='.ci/idle --low'; \
 	else \
 	  $(MAKE) --no-print-directory -j4 --output-sync=target lint pytest-training pytest-nodes molecule-roles MOLECULE_JOBS=3 && \
@@ -184,14 +181,6 @@ molecule: ## Molecule scenarios: all, or SCENARIOS="a b"; the cluster one alone,
 
 molecule-cluster: image
 	for s in $(filter cluster,$(SCENARIOS)); do $(STAGE) "molecule $$s" molecule/shared/run-scenario.sh $$s || exit 1; done
-
-# The same in two parts (molecule/shared/run-scenario.sh): up (to idempotence)
-# in make test's first part, the timed rest after it.
-molecule-cluster-up: image
-	for s in $(filter cluster,$(SCENARIOS)); do $(STAGE) "molecule $$s up" molecule/shared/run-scenario.sh $$s up || exit 1; done
-
-molecule-cluster-rest: image
-	for s in $(filter cluster,$(SCENARIOS)); do $(STAGE) "molecule $$s rest" molecule/shared/run-scenario.sh $$s rest || exit 1; done
 
 # Longest first (their times in a warm CI run, BENCHMARKS.md), so that no long
 # one starts last; a scenario not named here goes after them. ROLES_BESIDE:

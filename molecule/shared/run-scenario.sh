@@ -1,10 +1,5 @@
 #!/usr/bin/env bash
-# molecule/shared/run-scenario.sh NAME [up|rest]: `molecule test -s NAME` with a deadline.
-# `up` runs the test's first part only (syntax, create, prepare, converge,
-# idempotence) and keeps the nodes; `rest` then runs side_effect and verify on
-# them, and removes them. `make test` runs the cluster scenario's first part
-# beside the other first-part stages: it reads no clock, and the timed part
-# need not wait for it.
+# molecule/shared/run-scenario.sh NAME: `molecule test -s NAME` with a deadline.
 # A scenario that hangs (a job that never ends, a node that stopped answering)
 # fails after TORCHRIG_SCENARIO_TIMEOUT seconds (default 1500, about twice the
 # slowest scenario on a slow day) instead of using up CI's whole run. When a
@@ -13,7 +8,7 @@
 # TORCHRIG_SCENARIO_JOURNALS: an intermittent failure can then be read
 # afterwards, not only reproduced.
 set -uo pipefail
-scenario=$1 part=${2:-all}
+scenario=$1
 limit=${TORCHRIG_SCENARIO_TIMEOUT:-1500}
 journals=${TORCHRIG_SCENARIO_JOURNALS:-${TMPDIR:-/tmp}/torchrig-scenario-journals-$scenario.log}
 
@@ -22,20 +17,9 @@ journals=${TORCHRIG_SCENARIO_JOURNALS:-${TMPDIR:-/tmp}/torchrig-scenario-journal
 # nodes (or molecule's record of them) left by an earlier run that was cut
 # short are removed here first: otherwise create is skipped as "already
 # created" and the scenario finds no nodes.
-case $part in
-  all | up) molecule destroy -s "$scenario" > /dev/null 2>&1 ;;
-  rest) ;;
-  *) echo "run-scenario.sh: the part must be up or rest, not '$part'" >&2; exit 2 ;;
-esac
-case $part in
-  all) timeout --kill-after=30 "$limit" molecule test -s "$scenario" --destroy=never ;;
-  # converge runs create and prepare first.
-  up) timeout --kill-after=30 "$limit" sh -c 'molecule syntax -s "$1" && molecule converge -s "$1" && molecule idempotence -s "$1"' sh "$scenario" ;;
-  rest) timeout --kill-after=30 "$limit" sh -c 'molecule side-effect -s "$1" && molecule verify -s "$1"' sh "$scenario" ;;
-esac
+molecule destroy -s "$scenario" > /dev/null 2>&1
+timeout --kill-after=30 "$limit" molecule test -s "$scenario" --destroy=never
 rc=$?
-# The first part's nodes stay for the rest.
-if [ "$part" = up ] && [ "$rc" -eq 0 ]; then exit 0; fi
 if [ "$rc" -ne 0 ]; then
   {
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
