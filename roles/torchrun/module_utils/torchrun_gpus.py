@@ -284,24 +284,23 @@ def claim(job: str, config_dir: str, gpus_dir: str, names: Mapping[str, str], ru
         total = count_gpus(gpus_dir)
         free = free_gpus(total, jobs, job)
         _remove(claimed)
-        if set(mine) <= set(free):
-            _remove(refused)
-            _write(claimed, invocation + "\n", gpus_file)
-            return f"job {job} holds GPU {','.join(map(str, mine))} here"
-        if len(mine) <= len(free):
+        if len(mine) > len(free):
+            message = (f"Job {job} asks for {len(mine)} GPUs per node but {len(free)} of the {total} here "
+                       f"are free as it starts: another job started at the same time took them "
+                       f"({held_by(jobs, job)}). Start it again, or queue it with -e queue=true.")
+            _write(refused, message + "\n", gpus_file)
+            raise GpuError(message)
+        done = f"job {job} holds GPU {','.join(map(str, mine))} here"
+        taken = sorted(set(mine) - set(free))
+        if taken:
+            mine = free[:len(mine)]
             # The nproc line is in the file only where the job runs one process per GPU.
-            _write(gpus_file, gpus_env(free[:len(mine)], 0 if names["nproc_per_node"] in env else 1, names), gpus_file)
-            _remove(refused)
-            _write(claimed, invocation + "\n", gpus_file)
-            taken = sorted(set(mine) - set(free))
-            return (f"job {job} holds GPU {','.join(map(str, free[:len(mine)]))} here: GPU "
-                    f"{','.join(map(str, taken))} went to another job that started at the same time")
-        held = held_by(jobs, job)
-        message = (f"Job {job} asks for {len(mine)} GPUs per node but {len(free)} of the {total} here "
-                   f"are free as it starts: another job started at the same time took them ({held}). Start it again, "
-                   "or queue it with -e queue=true.")
-        _write(refused, message + "\n", gpus_file)
-        raise GpuError(message)
+            _write(gpus_file, gpus_env(mine, 0 if names["nproc_per_node"] in env else 1, names), gpus_file)
+            done = (f"job {job} holds GPU {','.join(map(str, mine))} here: GPU {','.join(map(str, taken))} "
+                    "went to another job that started at the same time")
+        _remove(refused)
+        _write(claimed, invocation + "\n", gpus_file)
+        return done
     finally:
         os.close(fd)
 
