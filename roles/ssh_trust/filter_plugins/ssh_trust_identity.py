@@ -22,7 +22,7 @@ from typing import Any
 # "type base64" of an OpenSSH public key, without its comment.
 _HOST_KEY = re.compile(r"(?:ssh|ecdsa|sk)-[A-Za-z0-9@.-]+ [A-Za-z0-9+/]+={0,3}")
 # A host name or FQDN as known_hosts and ssh_config take it.
-_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252}[A-Za-z0-9_])?")
+_NAME = re.compile(r"\w(?:[-\w.]{0,252}\w)?", re.ASCII)
 
 
 def _address(value: str) -> str | None:
