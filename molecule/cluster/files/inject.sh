@@ -75,15 +75,24 @@ case $fault in
     service)
         step=$(at_checkpoint 'systemctl kill --signal=KILL "$unit"') || exit 1
         done="systemctl kill --signal=KILL $unit, on the node at its first checkpoint" ;;
-    container|power|lost|gone)
-        # The node as a whole is hit from outside it, right after.
+    container)
+        # The node as a whole is shut down from outside it, right after.
+        save_address
         step=$(at_checkpoint true) || exit 1 ;;
+    power|lost|gone)
+        # The node dies from outside it, right after; its job is frozen first
+        # (SIGSTOP, on the node at the checkpoint) so that it cannot finish in
+        # the second the kill takes from the controller: the job trains for
+        # seconds only, and once the kill came as node1 finished (f-power
+        # resumed from nothing). Frozen or not, a killed node's processes
+        # die the same way.
+        [ "$fault" = gone ] || save_address
+        step=$(at_checkpoint 'systemctl kill --signal=STOP "$unit"') || exit 1 ;;
     *) echo "unknown fault $fault" >&2; exit 2 ;;
 esac
 case $fault in
     worker|service) ;;
     container|power)
-        save_address
         t0=$SECONDS
         if [ "$fault" = power ]; then
             killed_at=$(date +%s.%N)
@@ -100,7 +109,6 @@ case $fault in
             done="podman stop (took ${stopped} s), podman start (address $ip kept)"
         fi ;;
     lost)
-        save_address
         podman exec torchrig-m-cluster-node1 nft insert rule inet torchrig input ip saddr "$ip" drop || exit 1
         killed_at=$(date +%s.%N)
         podman kill --signal KILL "$node" > /dev/null || exit 1
