@@ -13,6 +13,9 @@
 #              without a word and stays down
 #   revive     after lost: node1 hears node2 again, node2 starts (same address)
 #   gone       podman kill, not started again (a power loss for good)
+#   drain      files/drain.yml on node2: the drain before a change that ends
+#              the node's jobs, refused first without drain=true; its output
+#              goes to RESULTS_DIR/JOB.drain.out
 # FAULT_NODE names another node than node2 (the elastic job's third node).
 set -u
 job=$1 fault=$2
@@ -88,10 +91,32 @@ case $fault in
         # die the same way.
         [ "$fault" = gone ] || save_address
         step=$(at_checkpoint 'systemctl kill --signal=STOP "$unit"') || exit 1 ;;
+    drain)
+        # Frozen at the checkpoint too, so that the job still runs when the
+        # drain (an ansible-playbook run, seconds) reaches the node; let go
+        # below once the drain's stop has begun.
+        step=$(at_checkpoint 'systemctl kill --signal=STOP "$unit"') || exit 1 ;;
     *) echo "unknown fault $fault" >&2; exit 2 ;;
 esac
 case $fault in
     worker|service) ;;
+    drain)
+        out=${RESULTS_DIR:-/tmp}/$job.drain.out
+        ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0 ANSIBLE_STDOUT_CALLBACK=default ANSIBLE_CALLBACK_RESULT_FORMAT=json \
+            ansible-playbook -i "$MOLECULE_EPHEMERAL_DIRECTORY/inventory" "$(dirname "$0")/drain.yml" -e "fault_job=$job" > "$out" 2>&1 &
+        drain=$!
+        # The stop runs the unit's ExecStop, which sends SIGTERM to the frozen
+        # workers and waits: the unit is `deactivating` until they go on
+        # (SIGCONT), vote to stop, checkpoint and exit.
+        podman exec "$node" sh -c '
+            deadline=$(($(date +%s) + 120))
+            until [ "$(systemctl show --property=ActiveState --value "$1")" = deactivating ]; do
+                if [ "$(date +%s)" -gt "$deadline" ]; then echo "$1 was not stopped within 120 s" >&2; exit 1; fi
+                sleep 0.1
+            done
+            systemctl kill --signal=CONT "$1"' sh "$unit" || { kill "$drain"; exit 1; }
+        wait "$drain" || { echo "files/drain.yml failed (exit $?): see $out" >&2; exit 1; }
+        done="files/drain.yml on $node: refused without drain=true, then drained (its output: $job.drain.out)" ;;
     container|power)
         t0=$SECONDS
         if [ "$fault" = power ]; then
