@@ -879,8 +879,9 @@ def declared_sources() -> list[dict]:
 def test_debian_sources_trust_exactly_the_keys_debian_ships(tmp_path):
     """Every Debian URI is declared with the keys of Debian's own keyring package, no more, no fewer:
     a node's added key is then never used for Debian's archive, and Debian's own keys all are."""
-    if not DEBIAN_KEYRING.exists():
-        pytest.skip(f"{DEBIAN_KEYRING} (Debian's debian-archive-keyring package) is not on this controller")
+    assert DEBIAN_KEYRING.exists(), (
+        f"{DEBIAN_KEYRING} (Debian's debian-archive-keyring package) is not on this controller: "
+        "make setup installs it (playbooks/controller.yml)")
     shipped = primary_fingerprints(DEBIAN_KEYRING, tmp_path)
     debian = [s for s in declared_sources() if "debian" in s["uri"]]
     assert len(debian) == 3
