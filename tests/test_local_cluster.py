@@ -190,3 +190,28 @@ def test_up_scale_down(inv: Path, tmp_path_factory: pytest.TempPathFactory) -> N
     nothing_made(inv)
     assert not (inv / "known_hosts").exists()
     assert not (inv / "ssh").exists()
+
+
+def test_a_preview_on_a_bare_cluster_says_what_would_change_and_changes_nothing(inv: Path) -> None:
+    # `provision.yml --check --diff` before the first real run: every role previewed on
+    # nodes that have nothing yet (no training user, no venv, no firewall).
+    assert cluster(inv, "-e", "nodes=2").returncode == 0
+    proc = run(["ansible-playbook", "-i", str(inv), "provision.yml", "--check", "--diff",
+                "-e", f"torchrig_cluster_name={NAME}"])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    counts = recap(proc.stdout)
+    assert sorted(counts) == ["node1", "node2"], counts
+    assert all(c["failed"] == 0 and c["unreachable"] == 0 and c["changed"] > 0 for c in counts.values()), counts
+    # It says what would change: the nodes' names in /etc/hosts, the firewall's ruleset.
+    assert "+# BEGIN torchrig cluster nodes (ansible managed)" in out
+    assert "+table inet torchrig {" in out, out[-3000:]
+    assert re.search(r"--check: the training user '+torchrig'+ does not exist on node1 yet", re.sub(r"\s+", " ", out))
+    # ...and changed nothing there.
+    for node in ("node1", "node2"):
+        left = run(["podman", "exec", f"{NAME}-{node}", "sh", "-c",
+                    "getent passwd torchrig; ls -d /opt/torchrig /etc/nftables.d /etc/torchrig 2>/dev/null; "
+                    "grep -c 'BEGIN torchrig cluster' /etc/hosts"]).stdout
+        assert left.split() == ["0"], (node, left)
+    # A real run afterwards would need the key pair the preview made on the controller.
+    assert (Path.home() / ".local/share/torchrig/ssh" / NAME / "id_ed25519").exists()

@@ -31,6 +31,16 @@ def test_a_provisioned_node_gives_its_home_keys_names_and_addresses():
     assert me["ids"] == ["node1", "10.89.0.11", "node1.example.org", "10.90.0.11", "fd00::11"]
 
 
+def test_a_node_listing_its_interfaces_in_another_order_gives_the_same_identity():
+    # A container restarted (or a server rebooted) may list its networks in another order:
+    # known_hosts, from= and the controller's record of the node must not change with it.
+    turned = dict(FACTS, all_ipv4_addresses=["10.90.0.11", "10.89.0.11"], all_ipv6_addresses=["fd00::11", "fe80::1"])
+    before = ident.ssh_trust_identity(stdout(ED25519), FACTS, "node1", "10.89.0.11", IGNORED)
+    after = ident.ssh_trust_identity(stdout(ED25519), turned, "node1", "10.89.0.11", IGNORED)
+    assert after == before
+    assert after["addresses"] == ["10.89.0.11", "10.90.0.11", "fd00::11"]
+
+
 def test_a_node_without_the_training_user_is_not_provisioned():
     me = ident.ssh_trust_identity(stdout(ED25519, passwd=""), FACTS, "node3", "node3", IGNORED)
     assert not me["user_found"] and me["home"] == "" and me["host_keys"] == [ED25519]

@@ -66,6 +66,19 @@ def test_check_mode_says_what_would_change_and_changes_nothing(tmp_path: Path):
     assert not a.exists() and gone.exists()
 
 
+def test_check_mode_previews_files_of_a_user_not_made_yet_and_a_real_run_names_it(tmp_path: Path):
+    # train.yml --check: the job's user is made by an earlier task, skipped in check mode.
+    run_dir, env = tmp_path / "runs" / "job", tmp_path / "job.env"
+    env.write_text("A=1\n")
+    todo = [entry(run_dir, state="directory", mode="0700", owner="tj-nobody-made-me", group="tj-nobody-made-me"),
+            entry(env, content="A=1\n", group="tj-nobody-made-me")]
+    got = files(todo, check=True)
+    assert not got.get("failed") and got["changed_paths"] == [str(run_dir), str(env)], got
+    assert not run_dir.exists() and mode(env) == 0o644
+    real = files(todo)
+    assert real.get("failed") and real["msg"] == f"{run_dir}: no user tj-nobody-made-me", real
+
+
 def test_absent_removes_files_links_and_trees_but_not_what_a_link_points_to(tmp_path: Path):
     target = tmp_path / "precious"
     target.write_text("keep")

@@ -76,7 +76,10 @@ def ssh_trust_identity(
     # ansible_host is the inventory's, not the node's: an address goes in, a name does not.
     if ansible_host and _address(ansible_host):
         addresses.append(str(_address(ansible_host)))
-    addresses = list(dict.fromkeys(addresses))
+    # Sorted: the order a node lists its interfaces in can change when it
+    # restarts, and known_hosts, from= and the controller's record of it must
+    # not change with it.
+    addresses = sorted(set(addresses), key=lambda a: ipaddress.ip_address(a).packed.rjust(16, b"\0"))
 
     ignored = set(ignored_names)
     ids: list[str] = []

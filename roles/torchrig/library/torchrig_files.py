@@ -56,16 +56,23 @@ diff:
 """
 
 
-def ids(owner: str, group: str) -> tuple[int, int]:
-    """The uid and gid of owner and group; ValueError names the one that does not exist."""
+def ids(owner: str, group: str, check: bool = False) -> tuple[int, int]:
+    """The uid and gid of owner and group; ValueError names the one that does not exist.
+
+    In check mode a user or group an earlier task would have made (a job's user, in
+    train.yml --check) is -1: no file has that owner, so the entry shows as a change."""
     try:
         uid = pwd.getpwnam(owner).pw_uid
     except KeyError:
-        raise ValueError(f"no user {owner}") from None
+        if not check:
+            raise ValueError(f"no user {owner}") from None
+        uid = -1
     try:
         gid = grp.getgrnam(group).gr_gid
     except KeyError:
-        raise ValueError(f"no group {group}") from None
+        if not check:
+            raise ValueError(f"no group {group}") from None
+        gid = -1
     return uid, gid
 
 
@@ -177,7 +184,7 @@ def main() -> None:
             if entry["state"] == "absent":
                 changed = remove(path, check)
             else:
-                uid, gid = ids(entry["owner"], entry["group"])
+                uid, gid = ids(entry["owner"], entry["group"], check)
                 mode = int(entry["mode"], 8)
                 if entry["state"] == "directory":
                     changed = make_dir(path, uid, gid, mode, check)
