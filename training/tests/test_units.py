@@ -23,7 +23,7 @@ import yaml
 
 from launch import child_env
 from torchrig import allreduce_bench, checkpoint, clock_offset, data
-from torchrig.contract import FILES
+from torchrig.contract import ENV, FILES, MEMORY_NOTE
 from torchrig.dist import DistEnv
 from torchrig.train import lr_factor
 
@@ -276,3 +276,58 @@ def test_auto_precision_needs_bf16_in_hardware(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_capability",
                             lambda device=None, c=capability: c)
         assert auto_precision(torch.device("cuda", 0)) == expected, capability
+
+
+# --- the memory limit's note (torchrig.launch) -------------------------------------------
+
+def cgroup_tree(tmp_path: Path, self_cgroup: str, files: dict[str, str]) -> tuple[Path, Path]:
+    """A /proc/self/cgroup and a /sys/fs/cgroup under tmp_path, as a node's would be."""
+    (tmp_path / "self_cgroup").write_text(self_cgroup)
+    root = tmp_path / "cgroup"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return tmp_path / "self_cgroup", root
+
+
+UNIT = "system.slice/system-torchrig\\x2djob.slice/torchrig-job@big.service"
+
+
+def test_memory_note_on_cgroup_v2_names_the_kills_and_the_limit(tmp_path: Path, monkeypatch):
+    from torchrig.launch import memory_note
+    monkeypatch.setenv(ENV["job"], "big")
+    cgroups, root = cgroup_tree(tmp_path, f"0::/{UNIT}\n", {
+        f"{UNIT}/memory.events": "low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n",
+        f"{UNIT}/memory.max": str(1536 * 2**20) + "\n"})
+    note = memory_note(cgroups, root, host="node2")
+    assert note.startswith(MEMORY_NOTE + " ")
+    assert "ended 2 of job big's processes on node2 at the job's memory limit (1536 MiB" in note
+
+
+def test_memory_note_on_a_hybrid_host_reads_the_v1_memory_controller(tmp_path: Path):
+    # A hybrid host (cgroup v1 controllers beside an empty v2 tree), as the local cluster's.
+    from torchrig.launch import memory_note
+    path = f"libpod_parent/libpod-1/{UNIT}"
+    self_cgroup = f"4:memory:/{path}\n1:name=systemd:/{path}\n0::/{path}\n"
+    cgroups, root = cgroup_tree(tmp_path, self_cgroup, {
+        f"memory/{path}/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
+        f"memory/{path}/memory.limit_in_bytes": "1073741824\n"})
+    assert "ended 1 of job" in memory_note(cgroups, root, host="n")
+    assert "(1024 MiB, torchrun_memory_max)" in memory_note(cgroups, root, host="n")
+
+
+def test_memory_note_says_nothing_without_kills_or_files(tmp_path: Path):
+    from torchrig.launch import memory_note
+    cgroups, root = cgroup_tree(tmp_path, f"0::/{UNIT}\n", {
+        f"{UNIT}/memory.events": "oom 0\noom_kill 0\n", f"{UNIT}/memory.max": "max\n"})
+    assert memory_note(cgroups, root) == ""
+    assert memory_note(tmp_path / "no-such-file", root) == ""
+    assert memory_note(cgroups, tmp_path / "no-such-root") == ""
+
+
+def test_memory_note_without_a_limit_blames_the_node(tmp_path: Path):
+    from torchrig.launch import memory_note
+    cgroups, root = cgroup_tree(tmp_path, f"0::/{UNIT}\n", {
+        f"{UNIT}/memory.events": "oom_kill 3\n", f"{UNIT}/memory.max": "max\n"})
+    assert "ended 3 of" in memory_note(cgroups, root)
+    assert "node out of memory (the job has no memory limit)" in memory_note(cgroups, root)

@@ -89,6 +89,11 @@ EXIT_NODES_MISSING = 3
 FATAL_SIGNAL = "SIGUSR2"
 
 
+# How torchrig.launch's journal line begins when the kernel ended processes of the job at
+# its memory limit; the report (roles/torchrun/tasks/report.yml) looks for it.
+MEMORY_NOTE = "torchrig: memory limit:"
+
+
 def fatal_signal() -> signal.Signals:
     """FATAL_SIGNAL as Python's signal."""
     return signal.Signals[FATAL_SIGNAL]
@@ -104,6 +109,7 @@ def contract() -> dict:
         "checkpoint_dir": CHECKPOINT_DIR,
         "exit_nodes_missing": EXIT_NODES_MISSING,
         "fatal_signal": FATAL_SIGNAL,
+        "memory_note": MEMORY_NOTE,
         # As systemd's $EXIT_STATUS shows it.
         "fatal_signal_short": FATAL_SIGNAL.removeprefix("SIG"),
     }

@@ -19,6 +19,10 @@ the same exit status, ENDED_FILE holding the worker's own traceback (from
 FAILURE_FILE, torchrig.worker); this node checks into the exit barrier, so that the
 finished nodes leave it at once instead of after its timeout.
 
+When the kernel ended some of the job's processes at its memory limit (the unit's
+MemoryMax=), torchrun sees only a worker killed by SIGKILL; this says so in the journal,
+with the limit, when torchrun ends (memory_note).
+
 The nodes that did join are read from the rendezvous state that torchrun's dynamic
 rendezvous keeps (its participants and their heartbeats, by the address each node gave
 with --local-addr); the job's environment lists the job's nodes as name=address pairs
@@ -32,6 +36,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -209,7 +214,55 @@ def report_failed_after_peers(run_dir: Path, error: PeersFinished, started: floa
     return "\n".join([*lines, message])
 
 
+def memory_note(cgroups: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup"),
+                host: str = "") -> str:
+    """A line for the journal when the kernel ended processes of this job at its memory limit,
+    else ''.
+
+    The job's unit is one cgroup, whose memory controller counts those kills: `oom_kill` in
+    memory.oom_control on cgroup v1 (a hybrid host's too: the controller is there), in
+    memory.events on cgroup v2. Nothing readable, nothing said.
+    """
+    try:
+        lines = cgroups.read_text().splitlines()
+    except OSError:
+        return ""
+    paths = {}
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for controller in parts[1].split(","):
+                paths[controller] = parts[2].lstrip("/")
+    if "memory" in paths:
+        where = root / "memory" / paths["memory"]
+        counts, limit_file = where / "memory.oom_control", where / "memory.limit_in_bytes"
+    elif "" in paths:
+        where = root / paths[""]
+        counts, limit_file = where / "memory.events", where / "memory.max"
+    else:
+        return ""
+    try:
+        kills = next((int(line.split()[1]) for line in counts.read_text().splitlines()
+                      if line.startswith("oom_kill ")), 0)
+        limit = limit_file.read_text().strip()
+    except (OSError, ValueError, IndexError):
+        return ""
+    if kills <= 0:
+        return ""
+    # cgroup v1 says "no limit" with the largest page-aligned number; v2 with "max".
+    limited = limit.isdigit() and int(limit) < 1 << 60
+    what = (f"at the job's memory limit ({int(limit) / 2**20:.0f} MiB, torchrun_memory_max)"
+            if limited else "with the node out of memory (the job has no memory limit)")
+    job = os.environ.get(ENV["job"], "?")
+    return (f"{contract.MEMORY_NOTE} the kernel ended {kills} of job {job}'s processes on "
+            f"{host or os.uname().nodename} {what}. "
+            "A worker ended so fails with SIGKILL (exitcode -9), and torchrun restarts the "
+            "workers from the newest checkpoint while it may: give the job more memory, or use "
+            "less (a smaller batch, fewer DataLoader workers).")
+
+
 def main(argv: list[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
     from torch.distributed.run import main as torchrun_main
 
@@ -225,7 +278,19 @@ def main(argv: list[str] | None = None) -> int:
     except PeersFinished as e:
         print(report_failed_after_peers(run_dir, e, started), file=sys.stderr, flush=True)
         return NODES_MISSING
+    except ChildFailedError:
+        # Its traceback first, as Python would print it, so that the note is the last line.
+        traceback.print_exc()
+        print_memory_note()
+        return 1
+    print_memory_note()
     return 0
+
+
+def print_memory_note() -> None:
+    note = memory_note()
+    if note:
+        print(note, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
