@@ -7,8 +7,10 @@ job, on every node, and writes what each try gave.
                                          on any node (or after 600 s)
     train.py intruder JOB HOST:PORT      tries job JOB (its env file, code, run directory,
                                          processes) and its rendezvous store at
-                                         HOST:PORT; writes TORCHRIG_OUTPUT_DIR/attacks.json
-                                         and leaves links there to root-only files
+                                         HOST:PORT, then the node's memory and process
+                                         table past its own unit's limits; writes
+                                         TORCHRIG_OUTPUT_DIR/attacks.json and leaves links
+                                         there to root-only files
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -76,6 +79,34 @@ def processes_of(job: str) -> list[int]:
     return found
 
 
+def eat_memory(mib: int) -> str:
+    """How a child that asks for `mib` MiB ends: the kernel must end it at the unit's MemoryMax."""
+    pid = os.fork()
+    if pid == 0:
+        # This child, not torchrun's agent beside it, is the one the kernel ends.
+        Path("/proc/self/oom_score_adj").write_text("1000\n")
+        chunks = [b"\x01" * (1 << 20) for _ in range(mib)]  # written, so resident
+        os._exit(0 if len(chunks) == mib else 1)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return signal.Signals(os.WTERMSIG(status)).name
+    return f"exit {os.WEXITSTATUS(status)}"
+
+
+def start_threads(count: int) -> int:
+    """How many of `count` threads start: the unit's TasksMax must stop them first."""
+    release = threading.Event()
+    started = 0
+    try:
+        for _ in range(count):
+            threading.Thread(target=release.wait, daemon=True).start()
+            started += 1
+    except RuntimeError:  # "can't start new thread": the process table is closed to this job
+        pass
+    release.set()
+    return started
+
+
 def intruder(job: str, endpoint: str) -> None:
     pids = processes_of(job)
     result = {
@@ -91,6 +122,9 @@ def intruder(job: str, endpoint: str) -> None:
         "signal_0": [attempt(lambda pid=pid: os.kill(pid, 0)) for pid in pids],
         "sigterm": [attempt(lambda pid=pid: os.kill(pid, signal.SIGTERM)) for pid in pids],
         "store": attempt(lambda: connect(endpoint)),
+        # Past the limits isolation.yml gives this job (torchrun_memory_max, torchrun_tasks_max).
+        "memory_1g": eat_memory(1024),
+        "threads_of_400": start_threads(400),
     }
     out = Path(os.environ["TORCHRIG_OUTPUT_DIR"])
     out.mkdir(parents=True, exist_ok=True)
