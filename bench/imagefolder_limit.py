@@ -61,7 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     made = args.data / f"{args.train}"
     if not (made / "val").is_dir():
-        files, size = generate(made, classes=4, train=args.train, val=250, size=(160, 224))
+        files, _ = generate(made, classes=4, train=args.train, val=250, size=(160, 224))
         print(f"generated {files} files in {made}")
     size = sum(p.stat().st_size for p in made.rglob("*") if p.is_file())
     print(f"data: {size / 2**30:.2f} GiB in {made}; the job's memory limit: {args.limit}")
@@ -72,7 +72,7 @@ def main() -> None:
     stamp = time.strftime("%Y%m%d%H%M%S")
     job, control_job = f"bench-imagefolder-{stamp}", f"bench-load-all-{stamp}"
     ansible(["ansible-playbook", "train.yml", *common, "-e", "dataset=imagefolder",
-                       "-e", f"epochs={args.epochs}", "-e", f"job={job}"], args.inventory)
+             "-e", f"epochs={args.epochs}", "-e", f"job={job}"], args.inventory)
     summary = json.loads((results / job / "summary.json").read_text())
     print(f"trainer: held-out accuracy {summary['accuracy']:.4f} (chance 0.25), {summary['steps']} steps, "
           f"{summary['samples_per_s']:.0f} samples/s, world size {summary['world_size']}, "
