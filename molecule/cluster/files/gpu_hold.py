@@ -13,8 +13,11 @@ from pathlib import Path
 
 # A release left by an earlier run of this job name would end this one at once.
 Path("release").unlink(missing_ok=True)
-Path("gpus.txt.tmp").write_text(f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')} {time.time():.3f}\n")
-Path("gpus.txt.tmp").replace("gpus.txt")
+# One process per GPU runs this in the same directory: each writes its own temporary
+# file (a shared name raced: one process's rename took the other's file away).
+tmp = Path(f"gpus.txt.{os.getpid()}.tmp")
+tmp.write_text(f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')} {time.time():.3f}\n")
+tmp.replace("gpus.txt")
 
 # Never a unit that outlives a failed scenario by more than this.
 deadline = time.monotonic() + 900
