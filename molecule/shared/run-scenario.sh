@@ -3,8 +3,8 @@
 # A scenario that hangs (a job that never ends, a node that stopped answering)
 # fails after TORCHRIG_SCENARIO_TIMEOUT seconds (default 2400) instead of using
 # up CI's whole run. The cluster scenario alone took 1,420 s on an idle 2-core
-# machine (2026-12-07) and 1,525 s and more in a CI run; 1,500 stopped it twice. When a
-# scenario fails for any reason, its nodes are kept until their jobs' units,
+# machine (2026-12-07), and ran past a 1,500 s limit in two CI-style runs that
+# day. When a scenario fails for any reason, its nodes are kept until their jobs' units,
 # journals and firewall counters are printed and kept in
 # TORCHRIG_SCENARIO_JOURNALS: an intermittent failure can then be read
 # afterwards, not only reproduced.
