@@ -5,14 +5,16 @@ The fetch (tasks/fetch.yml) keeps each run of a job in <fetch_dir>.runs/<run id>
 points <fetch_dir> at the newest. As stat, file and copy tasks on localhost that was
 five module runs, each a fraction of a second, and a failure's report waited for them.
 
-usage: results_home.py FETCH_DIR RUN_ID EARLIER_ID < {"journals": {node: text}}
+usage: results_home.py FETCH_DIR RUN_ID EARLIER_ID < {"journals": {node: [line, ...]}, "lists": {node: text}}
 
 - FETCH_DIR as a directory (torchrig before runs had directories of their own) is
   moved to FETCH_DIR.runs/earlier-EARLIER_ID, kept whole;
 - FETCH_DIR.runs, its RUN_ID, and RUN_ID/logs and RUN_ID/nodes are made 0700 (the
   results are the job's own, maybe private data: the controller user's alone, whatever
   the umask); FETCH_DIR becomes a link to FETCH_DIR.runs/RUN_ID;
-- each node's journal is written to RUN_ID/logs/<node>.log, 0600.
+- each node's journal is written to RUN_ID/logs/<node>.log, 0600, and each node's list
+  of files to fetch, when given, to RUN_ID/logs/<node>.files (rsync's --files-from: one
+  name a line, the names checked on the controller before they came here).
 
 Prints {"changed": ..., "moved": ...}. The node names come from the inventory; a name
 with a slash, or . or .., is refused.
@@ -71,8 +73,9 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     fetch_dir, run_id, earlier_id = Path(argv[0]), argv[1], argv[2]
-    journals = json.load(sys.stdin)["journals"]
-    bad = [n for n in journals if "/" in n or n in ("", ".", "..")]
+    given = json.load(sys.stdin)
+    journals, lists = given["journals"], given.get("lists") or {}
+    bad = [n for n in [*journals, *lists] if "/" in n or n in ("", ".", "..")]
     if bad:
         print(f"results_home: node names that are no file names: {bad}", file=sys.stderr)
         return 2
@@ -86,8 +89,10 @@ def main(argv: list[str]) -> int:
     for path in (runs, results / "logs", results / "nodes"):
         changed |= make_dir(path)
     changed |= point(fetch_dir, f"{runs.name}/{run_id}")
-    for node, text in journals.items():
-        changed |= write(results / "logs" / f"{node}.log", text + "\n")
+    for node, lines in journals.items():
+        changed |= write(results / "logs" / f"{node}.log", "".join(f"{line}\n" for line in lines))
+    for node, names in lists.items():
+        changed |= write(results / "logs" / f"{node}.files", f"{names}\n")
     print(json.dumps({"changed": changed, "moved": moved}))
     return 0
 

@@ -103,47 +103,57 @@ def _size(n: float) -> str:
     return f"{n / MIB:,.1f} MiB" if n < 1024 * MIB else f"{n / MIB / 1024:,.2f} GiB"
 
 
-def fetch_plan(listings: dict, limit_mb: float, limit_files: int, job: str = "") -> dict:
+def fetch_plan(listings: dict, limit_mb: float, limit_files: int, job: str = "", output_dir: str = "") -> dict:
     """What to fetch from every node, from each node's torchrun_outputs listing.
 
-    `listings` maps each node to its listing (files as [rel, size, mode]). Every name is
-    checked (name_problem); `refused` names the first bad ones, and nothing is fetched
-    while there is one. The limits are on the total across all nodes: `over` is the
-    message when the files weigh more than limit_mb MB or number more than limit_files,
-    '' when they fit. Returned per node: `names` (the rsync list) and its figures.
+    `listings` maps each node to its listing (`names` in one NUL-separated string, `bytes`
+    and the `largest` few as [path, size]). Every name is checked (name_problem);
+    `refused` names the first bad ones, and nothing is fetched while there is one. The
+    limits are on the total across all nodes: `over` is the message when the files weigh
+    more than limit_mb MB or number more than limit_files, '' when they fit.
+
+    Returned per node: its figures, `top` (its names at the top of the run directory:
+    rank 0's results) and `has_output` (whether any name is under output_dir); and
+    `lists`: each node with names to them, a line each (rsync's --files-from; a checked
+    name holds no newline). The names stay in strings, never a long list: see
+    module_utils/torchrun_outputs.py.
     """
-    nodes, refused, everything = {}, [], []
+    nodes, lists, refused, largest = {}, {}, [], []
+    total = count = 0
     for node in sorted(listings):
         listing = listings[node] or {}
-        files = listing.get("files") or []
-        names = []
-        for item in files:
-            rel, size = (item[0], item[1]) if isinstance(item, (list, tuple)) and len(item) >= 2 else (item, 0)
-            problem = name_problem(rel)
-            if problem:
-                if len(refused) < 10:
-                    refused.append(f"{node}: {json.dumps(rel)} ({problem})")
-                continue
-            names.append(rel)
-            everything.append((node, rel, int(size)))
-        nodes[node] = {"names": names, "count": len(names),
-                       "bytes": sum(int(f[1]) for f in files if isinstance(f, (list, tuple)) and len(f) >= 2),
+        raw = listing.get("names") or ""
+        names = raw.split("\0") if isinstance(raw, str) and raw else []
+        bad = [(rel, problem) for rel in names if (problem := name_problem(rel))]
+        for rel, problem in bad[:max(0, 10 - len(refused))]:
+            refused.append(f"{node}: {json.dumps(rel)} ({problem})")
+        if bad:
+            names = [rel for rel in names if not name_problem(rel)]
+        size = int(listing.get("bytes") or 0)
+        total += size
+        count += len(names)
+        largest += [(node, item[0], int(item[1])) for item in listing.get("largest") or []
+                    if isinstance(item, (list, tuple)) and len(item) == 2 and not name_problem(item[0])]
+        prefix = output_dir.rstrip("/") + "/" if output_dir else None
+        nodes[node] = {"count": len(names), "bytes": size, "top": [rel for rel in names if "/" not in rel],
+                       "has_output": bool(prefix) and any(rel.startswith(prefix) for rel in names),
                        "links": int(listing.get("links_count") or 0), "link_names": listing.get("links") or []}
-    total = sum(f[2] for f in everything)
-    largest = [f"{node}:{rel} ({_size(size)})" for node, rel, size in sorted(everything, key=lambda f: -f[2])[:5]]
+        if names:
+            lists[node] = "\n".join(names)
+    named = [f"{node}:{rel} ({_size(size)})" for node, rel, size in sorted(largest, key=lambda f: -f[2])[:5]]
     problems = []
     if total > float(limit_mb) * MIB:
         problems.append(f"{_size(total)}, more than torchrun_fetch_limit_mb ({float(limit_mb):,.0f} MB)")
-    if len(everything) > int(limit_files):
-        problems.append(f"{len(everything):,} files, more than torchrun_fetch_limit_files ({int(limit_files):,})")
+    if count > int(limit_files):
+        problems.append(f"{count:,} files, more than torchrun_fetch_limit_files ({int(limit_files):,})")
     over = ""
     if problems:
         over = (f"Job {job} left " + " and ".join(problems) + f" across its {len(nodes)} nodes, so nothing was "
-                f"fetched; it is all still on the nodes. Largest: {', '.join(largest)}. Fetch it with a higher "
+                f"fetched; it is all still on the nodes. Largest: {', '.join(named)}. Fetch it with a higher "
                 "limit (playbooks/fetch.yml -e job=" + job + " -e torchrun_fetch_limit_mb=N "
                 "-e torchrun_fetch_limit_files=N), or copy what you need from the nodes.")
-    return {"nodes": nodes, "bytes": total, "files": len(everything), "refused": refused,
-            "over": over, "largest": largest}
+    return {"nodes": nodes, "lists": lists, "bytes": total, "files": count, "refused": refused,
+            "over": over, "largest": named}
 
 
 def newest_rank0(nodes: list[str], times: list) -> str:

@@ -1,8 +1,9 @@
 #!/usr/bin/python
 """List a job's run directory on the node, as the job's own user, for the fetch.
 
-One module run returns the names and sizes only (not ansible.builtin.find's thirty
-fields a file), so that a job of 10,000 files lists in one small reply.
+One module run returns the names in one string and the sizes summed (not
+ansible.builtin.find's thirty fields a file), so that a job of 10,000 files lists in one
+small reply.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ DOCUMENTATION = r"""
 module: torchrun_outputs
 short_description: List a torchrig job's run directory without following links
 description:
-  - Walks run_dir and returns each regular file as [relative path, size, mode]. Links are
+  - Walks run_dir and returns the regular files' relative paths, their count and size. Links are
     counted and named, never followed; directories named in skip_dirs and files ending in
     skip_suffixes are left out. Changes nothing. Run it as the job's user (become_user),
     so that it sees only what the job could read.
@@ -27,7 +28,10 @@ options:
 
 RETURN = r"""
 exists: {description: Whether run_dir is a directory (not a link)., type: bool, returned: always}
-files: {description: "[path relative to run_dir, size in bytes, mode], sorted by path.", type: list, returned: always}
+names: {description: "Paths relative to run_dir, sorted, NUL between each two.", type: str, returned: always}
+count: {description: How many names., type: int, returned: always}
+bytes: {description: Their size in bytes, all together., type: int, returned: always}
+largest: {description: "The largest few as [path, size].", type: list, returned: always}
 links: {description: The first links found (relative paths); links_count counts them all., type: list, returned: always}
 unreadable: {description: Directories the reader could not open., type: list, returned: always}
 """
