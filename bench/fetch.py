@@ -11,13 +11,15 @@ and 10,000 small files by default, owned by the job's user. Then, in the same ru
 - rsync: one plain `rsync -a` of the same directory between the same hosts, over the
   same SSH options and user (sudo on the node), timed, with its peak memory the same way.
 
-It prints both times and the ratio torchrig / rsync, both peaks, and whether every
-file's sha256 is the node's.
+Each is run --repeat times, alternating which goes first, and every timed run starts
+after a `sync`: the one before it leaves gigabytes of dirty pages that the disk would
+otherwise be writing back during the next. It prints each round's times and the ratio
+torchrig / rsync, their medians, the peaks, and whether every file's sha256 is the node's.
 
 It needs an inventory with a node reached over SSH with passwordless sudo, rsync and
 python3 (a local-cluster node will do; no provisioning needed):
 
-    .venv/bin/python bench/fetch.py -i inventory/local --node node1 --big-mb 1024 --small 10000
+    .venv/bin/python bench/fetch.py -i inventory/local --node node1 --big-mb 1024 --small 10000 --repeat 3
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import json
 import os
 import re
 import shlex
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -125,16 +129,17 @@ def main() -> None:
     parser.add_argument("--node", default="node1")
     parser.add_argument("--big-mb", type=int, default=1024, help="size of each of the 2 big files (MiB)")
     parser.add_argument("--small", type=int, default=10000, help="number of small files (1 KiB each)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of both, alternating which goes first")
     args = parser.parse_args()
     user = job_user()
-    run = f"/var/lib/torchrig/runs/{JOB}"
+    run_dir = f"/var/lib/torchrig/runs/{JOB}"
     setup = (f"set -e; id {user} >/dev/null 2>&1 || "
              f"useradd --system --no-create-home --shell /usr/sbin/nologin {user}; "
-             f"rm -rf {run}; mkdir -p {run}/output/small /etc/torchrig/jobs; "
-             f"for i in 1 2; do head -c {args.big_mb}M /dev/urandom > {run}/output/big$i.bin; done; "
-             f"cd {run}/output/small && head -c {args.small * 1024} /dev/urandom | split -b 1024 -a 5 -d - f; "
-             f"chown -R {user}:{user} {run}; chmod 0700 {run}; echo {RUN_ID} > /etc/torchrig/jobs/{JOB}.run; "
-             f"cd {run} && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum")
+             f"rm -rf {run_dir}; mkdir -p {run_dir}/output/small /etc/torchrig/jobs; "
+             f"for i in 1 2; do head -c {args.big_mb}M /dev/urandom > {run_dir}/output/big$i.bin; done; "
+             f"cd {run_dir}/output/small && head -c {args.small * 1024} /dev/urandom | split -b 1024 -a 5 -d - f; "
+             f"chown -R {user}:{user} {run_dir}; chmod 0700 {run_dir}; echo {RUN_ID} > /etc/torchrig/jobs/{JOB}.run; "
+             f"cd {run_dir} && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum")
     made = on_nodes(args.node, setup, args.inventory)
     if args.node not in made:
         sys.exit(f"could not make the job's files on {args.node}")
@@ -142,30 +147,47 @@ def main() -> None:
     size = 2 * args.big_mb * 2**20 + args.small * 1024
     print(f"{args.node}: {size / 2**30:.2f} GiB in {files} files (2 of {args.big_mb} MiB, {args.small} of 1 KiB)")
     ssh, target = ssh_command(args.inventory, args.node)
-    with tempfile.TemporaryDirectory(dir=REPO) as tmp:
-        # profile_tasks gives the transfer task's own time: the rest of the run is the
-        # same whatever the size (the listing, the checks, the journals).
-        t_sec, t_peak, t_run = timed([str(BIN / "ansible-playbook"), "-i", args.inventory, "playbooks/fetch.yml",
-                                      "-e", f"job={JOB}", "-e", f"group={args.node}", "-e", f"results_dir={tmp}/t"],
-                                     env={"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks"})
-        step = re.search(r"Fetch the job's output files -+ ([0-9.]+)s", t_run.stdout)
-        transfer = float(step[1]) if step else float("nan")
-        got = Path(tmp) / "t" / f"{JOB}.runs" / RUN_ID / "nodes" / args.node
-        r_sec, r_peak, _ = timed(["rsync", "-a", "--rsync-path", "sudo rsync", "-e", ssh,
-                                  f"{target}:{run}/", f"{tmp}/r/"])
-        want = made[args.node].split()[0]
-        same = listing_digest(got) == want
-        same_r = listing_digest(Path(tmp) / "r") == want
-    on_nodes(args.node, f"rm -rf {run} /etc/torchrig/jobs/{JOB}.run", args.inventory)
+    want = made[args.node].split()[0]
     mib = 2**20
-    print(f"{'':>9} {'seconds':>8} {'MiB/s':>7} {'peak MiB':>9}")
-    print(f"{'torchrig':>9} {t_sec:>8.1f} {size / mib / t_sec:>7.0f} {t_peak / mib:>9.0f}")
-    print(f"{'rsync':>9} {r_sec:>8.1f} {size / mib / r_sec:>7.0f} {r_peak / mib:>9.0f}")
-    print(f"time torchrig / rsync: {t_sec / r_sec:.2f} (the whole fetch.yml run)")
-    print(f"of which the transfer task: {transfer:.1f} s, {transfer / r_sec:.2f} times rsync; "
-          f"the other {t_sec - transfer:.1f} s do not grow with the data")
-    print(f"every file's sha256 equal to the node's: torchrig {same}, rsync {same_r}")
-    print(f"controller's peak memory during torchrig's fetch: {t_peak / mib:.0f} MiB (limit 300 MB)")
+    rounds = []
+    print(f"{'round':>5} {'first':>8} {'torchrig s':>10} {'transfer s':>10} {'rsync s':>8} {'ratio':>6} "
+          f"{'peak MiB':>9} {'rsync peak':>10} {'sha256':>7}")
+    for i in range(args.repeat):
+        with tempfile.TemporaryDirectory(dir=REPO) as tmp:
+            first = "torchrig" if i % 2 == 0 else "rsync"
+            got: dict[str, tuple[float, int, float]] = {}
+            for which in (["torchrig", "rsync"] if first == "torchrig" else ["rsync", "torchrig"]):
+                os.sync()
+                if which == "torchrig":
+                    # profile_tasks gives the transfer task's own time: the rest of the run is
+                    # the same whatever the size (the listing, the checks, the journals).
+                    sec, peak, run = timed([str(BIN / "ansible-playbook"), "-i", args.inventory, "playbooks/fetch.yml",
+                                            "-e", f"job={JOB}", "-e", f"group={args.node}",
+                                            "-e", f"results_dir={tmp}/t"],
+                                           env={"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks"})
+                    step = re.search(r"Fetch the job's output files -+ ([0-9.]+)s", run.stdout)
+                    got[which] = (sec, peak, float(step[1]) if step else float("nan"))
+                else:
+                    sec, peak, _ = timed(["rsync", "-a", "--rsync-path", "sudo rsync", "-e", ssh,
+                                          f"{target}:{run_dir}/", f"{tmp}/r/"])
+                    got[which] = (sec, peak, sec)
+            same = (listing_digest(Path(tmp) / "t" / f"{JOB}.runs" / RUN_ID / "nodes" / args.node) == want
+                    and listing_digest(Path(tmp) / "r") == want)
+            shutil.rmtree(tmp, ignore_errors=True)
+        (t_sec, t_peak, transfer), (r_sec, r_peak, _) = got["torchrig"], got["rsync"]
+        rounds.append((t_sec, transfer, r_sec, t_peak, same))
+        print(f"{i + 1:>5} {first:>8} {t_sec:>10.1f} {transfer:>10.1f} {r_sec:>8.1f} {t_sec / r_sec:>6.2f} "
+              f"{t_peak / mib:>9.0f} {r_peak / mib:>10.0f} {str(same):>7}")
+    on_nodes(args.node, f"rm -rf {run_dir} /etc/torchrig/jobs/{JOB}.run", args.inventory)
+    ratios = [r[0] / r[2] for r in rounds]
+    print(f"time torchrig / rsync (the whole fetch.yml run): median {statistics.median(ratios):.2f} "
+          f"of {len(ratios)} rounds ({', '.join(f'{x:.2f}' for x in ratios)})")
+    print(f"of which the transfer task: median {statistics.median(r[1] / r[2] for r in rounds):.2f} times rsync; "
+          f"the rest of the run, which does not grow with the data: median "
+          f"{statistics.median(r[0] - r[1] for r in rounds):.1f} s")
+    print(f"every file's sha256 equal to the node's, both ways, every round: {all(r[4] for r in rounds)}")
+    print(f"controller's peak memory during torchrig's fetch: {max(r[3] for r in rounds) / mib:.0f} MiB "
+          "(limit 300 MB)")
 
 
 if __name__ == "__main__":
