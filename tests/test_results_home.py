@@ -29,18 +29,18 @@ def mode(path: Path) -> int:
 def test_a_run_gets_its_directory_and_journals_once(tmp_path: Path):
     fetch_dir = tmp_path / "results" / "job"
     first = home(fetch_dir, "20261206T010000Z", {"node1": ["a", "a2"], "node2": ["b"]},
-                 {"node1": "output/x.bin\nsummary.json"})
+                 {"node1": "output/x.bin\nresults.txt"})
     assert first.returncode == 0 and json.loads(first.stdout) == {"changed": True, "moved": False}, first
     run = tmp_path / "results" / "job.runs" / "20261206T010000Z"
     assert os.readlink(fetch_dir) == "job.runs/20261206T010000Z"
     assert (run / "logs" / "node1.log").read_text() == "a\na2\n" and (run / "nodes").is_dir()
     # rsync's --files-from for node1; node2 had nothing to fetch.
-    assert (run / "logs" / "node1.files").read_text() == "output/x.bin\nsummary.json\n"
+    assert (run / "logs" / "node1.files").read_text() == "output/x.bin\nresults.txt\n"
     assert not (run / "logs" / "node2.files").exists()
     assert {mode(p) for p in (run.parent, run, run / "logs", run / "nodes")} == {0o700}
     assert mode(run / "logs" / "node2.log") == mode(run / "logs" / "node1.files") == 0o600
     again = home(fetch_dir, "20261206T010000Z", {"node1": ["a", "a2"], "node2": ["b"]},
-                 {"node1": "output/x.bin\nsummary.json"})
+                 {"node1": "output/x.bin\nresults.txt"})
     assert json.loads(again.stdout) == {"changed": False, "moved": False}
     rerun = home(fetch_dir, "20261206T020000Z", {"node1": ["c"]})
     assert json.loads(rerun.stdout)["changed"] and os.readlink(fetch_dir) == "job.runs/20261206T020000Z"

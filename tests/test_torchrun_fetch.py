@@ -12,7 +12,7 @@ from rolepy import load
 
 job = load("roles/torchrun/filter_plugins/torchrun_job.py", "torchrun_job")
 outputs = load("roles/torchrun/module_utils/torchrun_outputs.py", "torchrun_outputs")
-record = load("roles/torchrun/library/torchrun_run_record.py", "torchrun_run_record")
+record = load("roles/torchrun/module_utils/torchrun_record.py", "torchrun_record")
 MB = 1024 * 1024
 
 
@@ -80,10 +80,10 @@ def test_the_limits_hold_for_the_total_across_all_nodes_and_name_the_setting() -
 
 
 def test_the_plan_gives_rsync_a_list_for_each_node_with_files() -> None:
-    plan = job.fetch_plan({"node1": listing(("output/a.bin", 1), ("summary.json", 1)), "node2": listing()},
+    plan = job.fetch_plan({"node1": listing(("output/a.bin", 1), ("results.txt", 1)), "node2": listing()},
                           1024, 10, "j", "output")
-    assert plan["lists"] == {"node1": "output/a.bin\nsummary.json"}
-    assert plan["nodes"]["node1"]["top"] == ["summary.json"] and plan["nodes"]["node1"]["has_output"]
+    assert plan["lists"] == {"node1": "output/a.bin\nresults.txt"}
+    assert plan["nodes"]["node1"]["top"] == ["results.txt"] and plan["nodes"]["node1"]["has_output"]
     assert plan["nodes"]["node2"] == {"count": 0, "bytes": 0, "top": [], "has_output": False, "links": 0,
                                       "link_names": []}
 

@@ -9,12 +9,10 @@ command, a slurp and a stat that was three module runs, some 0.2 s each.
 
 from __future__ import annotations
 
-import os
-import pwd
-import stat
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.torchrun_record import journal, run_dir, run_id
 
 DOCUMENTATION = r"""
 module: torchrun_run_record
@@ -37,38 +35,6 @@ run_dir:
   type: dict
   returned: always
 """
-
-
-def journal(unit: str) -> list[str]:
-    """The unit's journal lines; journalctl's own error when it cannot read it."""
-    out = subprocess.run(["journalctl", f"--unit={unit}", "--output=short-iso-precise", "--no-pager"],
-                         check=True, capture_output=True, text=True, errors="replace")
-    return out.stdout.splitlines()
-
-
-def run_id(path: str | None) -> str:
-    if not path:
-        return ""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.readline(256).strip()
-    except OSError:
-        return ""
-
-
-def run_dir(path: str) -> dict:
-    """isdir and owner of path, without following a link."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return {"isdir": False, "owner": ""}
-    if not stat.S_ISDIR(st.st_mode):
-        return {"isdir": False, "owner": ""}
-    try:
-        owner = pwd.getpwuid(st.st_uid).pw_name
-    except KeyError:  # a user removed since: the fetch then reads as the job's user
-        owner = ""
-    return {"isdir": True, "owner": owner}
 
 
 def main() -> None:
