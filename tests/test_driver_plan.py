@@ -3,9 +3,9 @@ and its fabric-state parser, on recorded lspci and nvidia-smi -q output."""
 
 import pytest
 import yaml
-from rolepy import FIXTURES, MATRIX_TEXT, ROOT, fixture_text, load
+from rolepy import FIXTURES, MATRIX_TEXT, ROOT, fixture_text, shared
 
-drv = load("roles/nvidia_driver/module_utils/torchrig_driver.py", "torchrig_driver")
+drv = shared("torchrig_driver")
 CATALOGUE = yaml.safe_load(MATRIX_TEXT)["driver_branches"]
 ROWS = {(r["torch"], r["variant"]): r for r in yaml.safe_load(MATRIX_TEXT)["rows"]}
 PACKAGES = yaml.safe_load(

@@ -14,10 +14,9 @@ import sysconfig
 import zipfile
 
 import pytest
-from rolepy import ROOT, load
+from rolepy import COLLECTIONS, load, shared
 
 jv = load("roles/torchrun/files/job_venv.py", "job_venv")
-PYTORCH_FILES = str(ROOT / "roles/pytorch/files")
 
 
 @pytest.fixture(autouse=True)
@@ -27,6 +26,8 @@ def plain_pip(monkeypatch):
     for name in list(os.environ):
         if name.startswith("PIP_") and name != "PIP_CONFIG_FILE":
             monkeypatch.delenv(name)
+    # job_venv.py download, run as the torchrun role runs it: the collection on its path.
+    monkeypatch.setenv("PYTHONPATH", COLLECTIONS)
 
 
 def make_wheel(directory, name, version, requires=(), module=None):
@@ -77,7 +78,7 @@ def download(tmp_path, index, requirements, constraints=STACK, packages=None):
     request = {"requirements": str(req), "constraints": constraints, "label": "ddp/requirements.txt",
                "node": "node1",
                "packages": packages or {"torch": "2.14.1+cpu", "numpy": "2.4.6"},
-               "cache": str(tmp_path / "cache"), "pytorch_files": PYTORCH_FILES,
+               "cache": str(tmp_path / "cache"),
                "pip_args": ["--no-index", "--find-links", str(index)],
                # this machine's: target_args adds nothing
                "python": "{}.{}".format(*sys.version_info[:2]), "machine": os.uname().machine,
@@ -158,11 +159,11 @@ def test_two_runs_downloading_the_same_requirements_at_once_both_succeed(tmp_pat
     req = tmp_path / "requirements.txt"
     req.write_text("uses-torch\ntomli-w\n")
     request = {"requirements": str(req), "constraints": STACK, "cache": str(tmp_path / "cache"),
-               "pytorch_files": PYTORCH_FILES, "pip_args": ["--no-index", "--find-links", str(index)],
+               "pip_args": ["--no-index", "--find-links", str(index)],
                "python": "{}.{}".format(*sys.version_info[:2]), "machine": os.uname().machine,
                "glibc": __import__("platform").libc_ver()[1]}
     key = jv.cache_key(req.read_text(), STACK, request["python"], request["machine"], request["glibc"])
-    cache_lock = load("roles/pytorch/files/cache_lock.py", "cache_lock")
+    cache_lock = shared("cache_lock")
     with cache_lock.held(str(tmp_path / "cache" / key)):  # both runs are surely there at once
         runs = [subprocess.Popen([sys.executable, jv.__file__, "download"], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]

@@ -4,7 +4,7 @@
 import pytest
 import yaml
 from matrix_table import MATRIX
-from rolepy import ROOT, gpu_mod, load, stack_mod
+from rolepy import ROOT, gpu_mod, shared, stack_mod
 
 # ------------------------------------------------------------------- the facts
 # Every fact about NVIDIA's and PyTorch's packaging that the matrix must follow,
@@ -186,7 +186,7 @@ def test_kepler_host_gets_no_row(rows, lspci, cc):
 # The catalogue the nvidia_driver role's branch policy chooses from
 # (compat_matrix.yml: driver_branches), checked against NVIDIA's lifecycle.
 
-drv = load("roles/nvidia_driver/module_utils/torchrig_driver.py", "torchrig_driver")
+drv = shared("torchrig_driver")
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 import yaml
-from rolepy import MATRIX_TEXT, ROOT, fixture_text, load
+from rolepy import MATRIX_TEXT, ROOT, fixture_text, shared
 
-drv = load("roles/nvidia_driver/module_utils/torchrig_driver.py", "torchrig_driver")
+drv = shared("torchrig_driver")
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(t) for t in ("apt-get", "dpkg-deb", "gpg")), reason="needs apt-get, dpkg-deb and gpg"
 )

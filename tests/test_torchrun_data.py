@@ -8,9 +8,9 @@ import hashlib
 import os
 
 import pytest
-from rolepy import load
+from rolepy import load, shared
 
-data = load("roles/torchrun/module_utils/torchrun_data.py", "torchrun_data")
+data = shared("torchrun_data")
 DATA_DIR = load("roles/torchrig/filter_plugins/torchrig_contract.py", "torchrig_contract").contract()["env"]["data_dir"]
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from conftest import run
-from rolepy import load
+from rolepy import load, shared
 
-gpus = load("roles/torchrun/module_utils/torchrun_gpus.py", "torchrun_gpus")
+gpus = shared("torchrun_gpus")
 filt = load("roles/torchrun/filter_plugins/torchrun_gpus.py", "torchrun_gpus_filter")
 CONTRACT = load("roles/torchrig/filter_plugins/torchrig_contract.py", "torchrig_contract").contract()
 ENV, METRICS = CONTRACT["env"], CONTRACT["files"]["metrics"]

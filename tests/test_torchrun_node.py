@@ -12,10 +12,10 @@ import os
 import pytest
 import yaml
 from conftest import run
-from rolepy import FIXTURES, ROOT, load
+from rolepy import FIXTURES, ROOT, load, shared
 
 node = load("roles/torchrun/module_utils/torchrun_net.py", "torchrun_net")
-units = load("roles/torchrun/module_utils/torchrun_gpus.py", "torchrun_gpus")
+units = shared("torchrun_gpus")
 CONTRACT = load("roles/torchrig/filter_plugins/torchrig_contract.py", "torchrig_contract").contract()
 ENV, FILES = CONTRACT["env"], CONTRACT["files"]
 

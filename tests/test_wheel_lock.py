@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rolepy import ROOT
+from rolepy import COLLECTIONS, ROOT, shared
 
 FILES = ROOT / "roles/pytorch/files"
 CHECKER = FILES / "wheel_lock.py"
@@ -117,7 +117,8 @@ def check(lock: Path, directory: Path) -> subprocess.CompletedProcess[str]:
 def pip_env(**extra: str) -> dict[str, str]:
     """pip with no config file and none of this machine's PIP_* settings: only the test's sources."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
+    # fill_wheelhouse.py as the pytorch role runs it: the collection on its path.
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONPATH=COLLECTIONS, **extra)
     return env
 
 
@@ -469,7 +470,7 @@ def test_fill_reports_no_lock_for_a_wheelhouse_filled_before_locks(tmp_path: Pat
     make_wheel(old, "torch", "2.14.1")
     out = subprocess.run([sys.executable, str(FILL), "--dest", str(old), "--python", "3.11", "--machine", "x86_64",
                           "--glibc", "2.36", "--torch", "torch==2.14.1"],
-                         capture_output=True, text=True, timeout=60, check=True)
+                         capture_output=True, text=True, timeout=60, check=True, env=pip_env())
     assert json.loads(out.stdout)["lock"] is None
 
 
@@ -504,3 +505,12 @@ def test_two_first_fills_at_once_both_succeed_with_one_download(source: Path, tm
     assert sorted("Saved " in err for _, err in outs) == [False, True]
     assert check(dest / wl.LOCK_FILENAME, dest).returncode == 0
     assert sorted(p.name for p in dest.parent.iterdir()) == ["row", "row.lock"]  # no .partial- left
+
+
+def test_the_nodes_platform_gets_pip_flags_for_binary_wheels_of_its_own() -> None:
+    # torchrig.cluster's pip_target: what fill_wheelhouse.py and job_venv.py download with.
+    args = shared("pip_target").target_args("3.12", "aarch64", "2.39")
+    assert args[:5] == ["--only-binary=:all:", "--implementation", "cp", "--python-version", "3.12"]
+    platforms = args[6::2]
+    assert platforms[0] == "manylinux_2_39_aarch64" and platforms[-1] == "manylinux2014_aarch64"
+    assert "manylinux_2_17_aarch64" in platforms and "manylinux_2_16_aarch64" not in platforms

@@ -39,7 +39,7 @@ import os  # noqa: E402
 
 # Imports follow the documentation strings, as Ansible lays out its modules.
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.torchrig_driver import (  # noqa: E402
+from ansible_collections.torchrig.cluster.plugins.module_utils.torchrig_driver import (  # noqa: E402
     NVLINK5_KERNEL_MODULES,
     PlanError,
     nvlink5_bridges,

@@ -32,7 +32,11 @@ problems:
 
 # Imports follow the documentation strings, as Ansible lays out its modules.
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.torchrig_driver import PlanError, fabric_problems, parse_fabric  # noqa: E402
+from ansible_collections.torchrig.cluster.plugins.module_utils.torchrig_driver import (  # noqa: E402
+    PlanError,
+    fabric_problems,
+    parse_fabric,
+)
 
 
 def main():

@@ -4,12 +4,13 @@ to the preflight role as filters."""
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import re
-from pathlib import Path
 
 import yaml
+
+# The nvidia_driver role's plan (one copy, in the collection): the Secure Boot guard asks
+# it which driver a host ends up with instead of deciding a second time.
+from ansible_collections.torchrig.cluster.plugins.module_utils import torchrig_driver as driver_plan
 
 REQUIRED_KEYS = ("torch", "torchvision", "variant", "compute_capabilities", "os")
 GPU_KEYS = (
@@ -27,19 +28,6 @@ STRING_KEYS = ("torch", "torchvision", "variant") + GPU_KEYS
 VERSION_RE = re.compile(r"^\d+(\.\d+)+$")
 CC_RE = re.compile(r"^\d+\.\d+$")
 GIB = 1024**3
-# The nvidia_driver role's plan, read by path (one copy): the Secure Boot guard
-# asks it which driver a host ends up with instead of deciding a second time.
-DRIVER_PLAN_PY = Path(__file__).resolve().parents[2] / "nvidia_driver" / "module_utils" / "torchrig_driver.py"
-
-
-@functools.cache
-def driver_plan_module():
-    spec = importlib.util.spec_from_file_location("torchrig_stack_driver_plan", DRIVER_PLAN_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def version_tuple(text):
     return tuple(int(p) for p in re.findall(r"\d+", str(text)))
 
@@ -219,7 +207,7 @@ def module_change(host, row, cluster_ccs=()):
     counts: another branch (the policy's, which need not be the row's
     driver_branch), another point release (nvidia_driver_update's included),
     a first install."""
-    drv = driver_plan_module()
+    drv = driver_plan
     settings = host.get("driver_plan") or {}
     gpus = host.get("gpus") or []
     host_ccs = sorted({g["compute_capability"] for g in gpus if g.get("compute_capability")})

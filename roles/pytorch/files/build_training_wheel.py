@@ -3,7 +3,7 @@
 The wheel and the marker `.built` appear together or not at all: pip builds
 into a temporary directory beside DEST, which is renamed to DEST when it
 succeeded. Two runs building the same DEST at once (clusters provisioned side
-by side from one checkout) take turns on `DEST.lock` (cache_lock.py): the
+by side from one checkout) take turns on `DEST.lock` (torchrig.cluster's cache_lock): the
 second finds DEST built and uses it. Without that, both pip runs copied the
 wheel into one directory while the first run might already be pushing it, and
 both built in the same source tree (setuptools builds in place: build/,
@@ -24,8 +24,7 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cache_lock  # noqa: E402
+from ansible_collections.torchrig.cluster.plugins.module_utils import cache_lock
 
 BUILT = ".built"
 

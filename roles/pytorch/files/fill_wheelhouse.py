@@ -5,7 +5,7 @@ directory beside it, the lock `torchrig-lock.txt` (every wheel with its
 sha256, see wheel_lock.py) is written there, and the directory is renamed when
 all of that succeeded. Two runs filling the same directory at once (clusters
 provisioned side by side from one controller) take turns on `<dest>.lock`
-(cache_lock.py): the second finds the first's directory and uses it.
+(torchrig.cluster's cache_lock): the second finds the first's directory and uses it.
 
 With --lock-dir, a committed lock for this stack and target
 (`<lock-dir>/torch<torch>-<variant>-py<python>-<machine>.txt`, see lock_name)
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -37,10 +36,12 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from ansible_collections.torchrig.cluster.plugins.module_utils import cache_lock
+from ansible_collections.torchrig.cluster.plugins.module_utils.pip_target import target_args
+
 # Run by path (ansible_playbook_python role_path/files/fill_wheelhouse.py): the
 # lock format lives beside it, in the one module the nodes run too.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cache_lock  # noqa: E402
 import wheel_lock  # noqa: E402
 
 try:  # ansible-core depends on packaging, so the controller has it; the fallback reads plain pins only.
@@ -68,20 +69,6 @@ class Request:
     machine: str
     glibc: str
     variant: str = ""
-
-
-def target_args(py: str, machine: str, glibc: str) -> list[str]:
-    """pip flags for the nodes' Python and platform, when they differ from this machine's."""
-    here = ("{}.{}".format(*sys.version_info[:2]), platform.machine(), platform.libc_ver()[1])
-    if (py, machine, glibc) == here:
-        return []
-    major, minor = (int(x) for x in glibc.split(".")[:2])
-    tags = [f"manylinux_{major}_{m}_{machine}" for m in range(minor, 16, -1)]
-    tags.append(f"manylinux2014_{machine}")
-    args = ["--only-binary=:all:", "--implementation", "cp", "--python-version", py]
-    for tag in tags:
-        args += ["--platform", tag]
-    return args
 
 
 def requirement_name(req: str) -> str:

@@ -10,8 +10,9 @@ Two commands, both printing JSON (roles/torchrun/tasks/requirements.yml):
 
   python job_venv.py download < {"requirements": PATH, "constraints": TEXT,
                                  "python": "3.11", "machine": ..., "glibc": ...,
-                                 "cache": DIR, "pytorch_files": DIR}
-      on the controller: resolves the requirements against the stack's
+                                 "cache": DIR}
+      on the controller, with the torchrig.cluster collection on PYTHONPATH
+      (its cache_lock and pip_target): resolves the requirements against the stack's
       constraints (the place a torch the stack does not have is refused, before
       any node changes) and downloads the wheels the stack does not already have
       into a cache directory keyed by the requirements, the constraints and the
@@ -205,15 +206,13 @@ def download(request):
     installed = {canonical(k): v for k, v in request.get("packages", packages).items()}  # with local labels
     key = cache_key(requirements, constraints, request["python"], request["machine"], request["glibc"])
     dest = os.path.join(request["cache"], key)
-    sys.path.insert(0, request["pytorch_files"])
-    import cache_lock  # the pytorch role's
+    from ansible_collections.torchrig.cluster.plugins.module_utils import cache_lock
+    from ansible_collections.torchrig.cluster.plugins.module_utils.pip_target import target_args
 
     # Runs for other clusters may fill dest at the same moment: one at a time,
     # and one that waited finds dest made and uses it.
     with cache_lock.held(dest):
         if not os.path.isdir(dest):
-            from fill_wheelhouse import target_args  # the pytorch role's: the nodes' pip flags
-
             extra = target_args(request["python"], request["machine"], request["glibc"])
             os.makedirs(request["cache"], exist_ok=True)
             tmp = tempfile.mkdtemp(prefix=".partial-", dir=request["cache"])

@@ -1,26 +1,11 @@
-"""The GPU choice on the controller: module_utils/torchrun_gpus.py, loaded by path (the one
+"""The GPU choice on the controller: the collection's module_utils/torchrun_gpus.py (the one
 copy, which the torchrun_jobs module and the nodes' queue runner use too). Unit-tested in
 tests/test_torchrun_gpus.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
-GPUS_PY = Path(__file__).resolve().parents[1] / "module_utils" / "torchrun_gpus.py"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("torchrun_gpus_logic", GPUS_PY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GPUS = _load()
+from ansible_collections.torchrig.cluster.plugins.module_utils import torchrun_gpus as GPUS
 
 
 class FilterModule:

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchrun_data import (
+from ansible_collections.torchrig.cluster.plugins.module_utils.torchrun_data import (
     data_dirs_in_use,
     digest,
     manifest,

@@ -14,7 +14,7 @@ import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchrun_gpus import job_running
+from ansible_collections.torchrig.cluster.plugins.module_utils.torchrun_gpus import job_running
 
 DOCUMENTATION = r"""
 module: torchrun_job_state

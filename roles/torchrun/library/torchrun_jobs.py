@@ -1,6 +1,6 @@
 #!/usr/bin/python
 """Every torchrig job on a node: its unit's state, the GPUs it holds, its queue entry and
-its progress, in one call (module_utils/torchrun_gpus.py reads them).
+its progress, in one call (torchrig.cluster's module_utils/torchrun_gpus.py reads them).
 
 The GPUs held come from what systemd says runs, so nothing can go stale. A job's metrics
 are read as the job's own user (the owner of its run directory), never as root: a job
@@ -15,7 +15,7 @@ import os
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchrun_gpus import count_gpus, node_jobs, queue_entries
+from ansible_collections.torchrig.cluster.plugins.module_utils.torchrun_gpus import count_gpus, node_jobs, queue_entries
 
 DOCUMENTATION = r"""
 module: torchrun_jobs

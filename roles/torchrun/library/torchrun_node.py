@@ -14,13 +14,17 @@ import shutil
 import stat
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.torchrun_gpus import NVIDIA_GPUS_DIR, RUNNING_STATES, count_gpus
 from ansible.module_utils.torchrun_net import (
     interface_of,
     jobs_hosting_port,
     nft_set_ranges,
     outside_peers,
     parse_addresses,
+)
+from ansible_collections.torchrig.cluster.plugins.module_utils.torchrun_gpus import (
+    NVIDIA_GPUS_DIR,
+    RUNNING_STATES,
+    count_gpus,
 )
 
 DOCUMENTATION = r"""

@@ -1,6 +1,6 @@
 """The digest of a job's data on the controller (train.yml's -e data=PATH), with its file
 count and bytes. Hashing gigabytes takes a while, so each file's hash is cached by its
-size and mtime (module_utils/torchrun_data.py's cached_manifest): a second staging of the
+size and mtime (the collection's module_utils/torchrun_data.py, cached_manifest): a second staging of the
 same data reads no file again."""
 
 from __future__ import annotations
@@ -23,16 +23,9 @@ _raw:
   elements: dict
 """
 
-import importlib.util  # noqa: E402
-from pathlib import Path  # noqa: E402
-
 from ansible.errors import AnsibleLookupError  # noqa: E402
 from ansible.plugins.lookup import LookupBase  # noqa: E402
-
-_PATH = Path(__file__).resolve().parents[1] / "module_utils" / "torchrun_data.py"
-_spec = importlib.util.spec_from_file_location("torchrun_data_utils", _PATH)
-data = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
-_spec.loader.exec_module(data)  # type: ignore[union-attr]
+from ansible_collections.torchrig.cluster.plugins.module_utils import torchrun_data as data  # noqa: E402
 
 
 class LookupModule(LookupBase):

@@ -8,8 +8,10 @@ the second run wait for the first and then use its entry, instead of making it
 again and failing on the rename (a directory is not renamed onto a non-empty
 one).
 
-Imported by fill_wheelhouse.py, build_training_wheel.py and the torchrun role's
-job_venv.py, all run on the controller.
+Imported by name (torchrig.cluster's module_utils) by the pytorch role's
+fill_wheelhouse.py and build_training_wheel.py and the torchrun role's
+job_venv.py, all run on the controller (vars of the torchrig role:
+torchrig_controller_env puts the collections on their PYTHONPATH).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 packages a host gets, and whether its NVSwitch fabric is up.
 
 Pure functions over facts and command output, so they are unit-tested on
-recorded output (tests/test_driver_plan.py) and used by the nvidia_driver_plan
-and nvidia_fabric_facts modules on the hosts.
+recorded output (tests/test_driver_plan.py) and used by the nvidia_driver role's
+modules on the hosts and by the preflight role's torchrig_stack filter on the
+controller (its Secure Boot guard).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A job's data (train.yml's -e data=PATH): its manifest and digest, and which staged
 versions a node removes. Plain functions, unit-tested in tests/test_torchrun_data.py; the
-controller's lookup (lookup_plugins/torchrun_data_manifest.py) and the node's module
-(library/torchrun_data.py) both use them, so the controller and every node compute one
+controller's lookup (roles/torchrun/lookup_plugins/torchrun_data_manifest.py) and the
+node's module (roles/torchrun/library/torchrun_data.py) both use them, so the controller and every node compute one
 digest the same way.
 
 A version is addressed by its content: the digest is the sha256 of the manifest, one JSON

@@ -12,10 +12,11 @@ starts (`claim`, its ExecStartPre, as root), one unit at a time under a lock of 
 GPUs another running job took meanwhile are swapped for free ones, and where too few are
 left the start is refused with the reason in `<job>.refused`.
 
-One file, used four ways: the torchrun_jobs module imports it (ansible.module_utils), the
-controller's filter plugin loads it by path, and on each node (as root, with the system's
-python3) the queue runner (torchrig-queue.service) and each GPU job's claim run it as a
-script. Standard library only, no Ansible import: tests import it directly.
+One file, used four ways: the torchrun role's modules and its filter plugin import it
+(torchrig.cluster's module_utils), and on each node (as root, with the system's python3)
+the queue runner (torchrig-queue.service) and each GPU job's claim run it as a script
+(the torchrun_gpus_runner lookup gives its text). Standard library only, no Ansible
+import: tests import it directly.
 
 Whatever a node says is untrusted input for the controller: unit names and file contents
 are checked where they are read (job names by pattern, GPU lists as whole numbers).
