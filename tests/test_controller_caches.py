@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rolepy import ROOT, load
+from rolepy import COLLECTIONS, ROOT, shared
 
 FILES = ROOT / "roles/pytorch/files"
 BUILD = FILES / "build_training_wheel.py"
-cache_lock = load("roles/pytorch/files/cache_lock.py", "cache_lock")
+cache_lock = shared("cache_lock")
 
 # A build backend in the source tree itself (PEP 517 backend-path) that needs
 # nothing from an index, so pip builds offline; each build is logged.
@@ -65,8 +65,9 @@ def source(tmp_path: Path) -> Path:
 
 def start_build(source: Path, dest: Path, log: Path, **env: str) -> subprocess.Popen[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    # As the pytorch role runs it: torchrig.cluster (its cache_lock) on the path.
     clean.update(PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
-                 TINY_LOG=str(log), **env)
+                 PYTHONPATH=COLLECTIONS, TINY_LOG=str(log), **env)
     return subprocess.Popen([sys.executable, str(BUILD), str(source), str(dest)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=clean)
 

@@ -1,5 +1,5 @@
 """A job's data (train.yml's -e data=PATH): the manifest and digest the controller and the
-nodes compute (module_utils/torchrun_data.py), the controller's cache of file hashes, and
+nodes compute (torchrig.cluster's module_utils/torchrun_data.py), the controller's cache of file hashes, and
 which staged versions a node removes above its size limit."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """GPUs per job (issue 32): which GPUs a node's running jobs hold, which a new job gets,
-and the queue that starts a job when its GPUs free (roles/torchrun/module_utils/torchrun_gpus.py).
+and the queue that starts a job when its GPUs free (torchrig.cluster's module_utils/torchrun_gpus.py).
 systemd is stood in for by its `systemctl show` text; the cluster scenario runs the real one."""
 
 import contextlib
