@@ -120,21 +120,18 @@ def fetch_plan(listings: dict, limit_mb: float, limit_files: int, job: str = "",
     """
     nodes, lists, refused, largest = {}, {}, [], []
     total = count = 0
+    prefix = output_dir.rstrip("/") + "/" if output_dir else None
     for node in sorted(listings):
         listing = listings[node] or {}
         raw = listing.get("names") or ""
-        names = raw.split("\0") if isinstance(raw, str) and raw else []
-        bad = [(rel, problem) for rel in names if (problem := name_problem(rel))]
-        for rel, problem in bad[:max(0, 10 - len(refused))]:
-            refused.append(f"{node}: {json.dumps(rel)} ({problem})")
-        if bad:
-            names = [rel for rel in names if not name_problem(rel)]
+        checked = [(rel, name_problem(rel)) for rel in (raw.split("\0") if isinstance(raw, str) and raw else [])]
+        refused += [f"{node}: {json.dumps(rel)} ({problem})" for rel, problem in checked if problem][:10 - len(refused)]
+        names = [rel for rel, problem in checked if not problem]
         size = int(listing.get("bytes") or 0)
         total += size
         count += len(names)
         largest += [(node, item[0], int(item[1])) for item in listing.get("largest") or []
                     if isinstance(item, (list, tuple)) and len(item) == 2 and not name_problem(item[0])]
-        prefix = output_dir.rstrip("/") + "/" if output_dir else None
         nodes[node] = {"count": len(names), "bytes": size, "top": [rel for rel in names if "/" not in rel],
                        "has_output": bool(prefix) and any(rel.startswith(prefix) for rel in names),
                        "links": int(listing.get("links_count") or 0), "link_names": listing.get("links") or []}
