@@ -31,7 +31,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -173,7 +172,6 @@ def main() -> None:
                     got[which] = (sec, peak, sec)
             same = (listing_digest(Path(tmp) / "t" / f"{JOB}.runs" / RUN_ID / "nodes" / args.node) == want
                     and listing_digest(Path(tmp) / "r") == want)
-            shutil.rmtree(tmp, ignore_errors=True)
         (t_sec, t_peak, transfer), (r_sec, r_peak, _) = got["torchrig"], got["rsync"]
         rounds.append((t_sec, transfer, r_sec, t_peak, same))
         print(f"{i + 1:>5} {first:>8} {t_sec:>10.1f} {transfer:>10.1f} {r_sec:>8.1f} {t_sec / r_sec:>6.2f} "
